@@ -1,0 +1,218 @@
+#include "dlo/io/safetensors_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "dlo/common/error.h"
+#include "dlo/io/safetensors.h"
+
+namespace dlo {
+namespace fs = std::filesystem;
+using ordered_json = nlohmann::ordered_json;
+
+namespace {
+
+// A file written under a temporary name; commit() renames it into place, the destructor removes
+// it otherwise.
+class PendingFile {
+ public:
+  explicit PendingFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    DLO_CHECK(fd_ >= 0, "cannot create '", tmp_, "': ", std::strerror(errno));
+  }
+  ~PendingFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  PendingFile(const PendingFile&) = delete;
+  PendingFile& operator=(const PendingFile&) = delete;
+
+  void write(const void* data, std::size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      ssize_t w = ::write(fd_, p, std::min<std::size_t>(n, 1u << 30));
+      if (w < 0 && errno == EINTR) continue;
+      DLO_CHECK(w > 0, "writing '", tmp_, "': ", std::strerror(errno));
+      p += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  }
+  void close() {
+    DLO_CHECK(::close(fd_) == 0, "closing '", tmp_, "': ", std::strerror(errno));
+    fd_ = -1;
+  }
+  void commit() {
+    DLO_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "renaming '", tmp_, "' to '", path_,
+              "': ", std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+void check_specs(const std::vector<TensorSpec>& specs) {
+  std::set<std::string_view> names;
+  for (const auto& s : specs) {
+    DLO_CHECK(!s.name.empty(), "a tensor has an empty name");
+    DLO_CHECK(s.name != "__metadata__", "'__metadata__' is reserved and cannot name a tensor");
+    DLO_CHECK(names.insert(s.name).second, "tensor '", s.name, "' is given twice");
+    for (auto d : s.shape) DLO_CHECK(d >= 0, "tensor '", s.name, "' has a negative dimension");
+  }
+}
+
+// Writes the tensors `order` (indices into specs) as one file. `buffer` holds the largest tensor.
+void write_one(PendingFile& out, const std::vector<TensorSpec>& specs, std::vector<std::size_t> order,
+               const FillFn& fill, const std::map<std::string, std::string>& metadata,
+               std::vector<std::byte>& buffer) {
+  // Larger elements first (stable), as Python safetensors does, so every tensor starts at an
+  // offset aligned to its element size.
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return dtype_size(specs[a].dtype) > dtype_size(specs[b].dtype);
+  });
+  ordered_json header = ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (std::size_t i : order) {
+    const auto& s = specs[i];
+    const std::uint64_t n = s.nbytes();
+    header[s.name] = {{"dtype", std::string(dtype_name(s.dtype))},
+                      {"shape", s.shape},
+                      {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  const std::uint64_t len = text.size();
+  out.write(&len, 8);
+  out.write(text.data(), text.size());
+  for (std::size_t i : order) {
+    const auto n = static_cast<std::size_t>(specs[i].nbytes());
+    if (n == 0) continue;
+    fill(i, specs[i], buffer.data());
+    out.write(buffer.data(), n);
+  }
+  out.close();
+}
+
+std::vector<std::byte> largest_buffer(const std::vector<TensorSpec>& specs) {
+  std::uint64_t largest = 0;
+  for (const auto& s : specs) largest = std::max(largest, s.nbytes());
+  return std::vector<std::byte>(static_cast<std::size_t>(largest));
+}
+
+}  // namespace
+
+std::uint64_t TensorSpec::nbytes() const {
+  std::uint64_t n = dtype_size(dtype);
+  for (auto d : shape) {
+    DLO_CHECK(d >= 0 && !__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n), "tensor '",
+              name, "': shape is absurd");
+  }
+  return n;
+}
+
+void write_safetensors_file(const std::string& path, const std::vector<TensorSpec>& specs,
+                            const FillFn& fill, const std::map<std::string, std::string>& metadata) {
+  check_specs(specs);
+  std::vector<std::size_t> order(specs.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto buffer = largest_buffer(specs);
+  PendingFile out(path);
+  write_one(out, specs, order, fill, metadata, buffer);
+  out.commit();
+}
+
+WriteResult write_safetensors_dir(const std::string& dir, const std::vector<TensorSpec>& specs,
+                                  const FillFn& fill, const WriteOptions& options) {
+  check_specs(specs);
+  DLO_CHECK(!options.base_name.empty() && options.base_name.find('/') == std::string::npos,
+            "base name '", options.base_name, "' must be a plain file name");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DLO_CHECK(!ec, "cannot create directory '", dir, "': ", ec.message());
+
+  // Split in the given order, the way diffusers/transformers shard a state dict.
+  std::vector<std::vector<std::size_t>> shards(1);
+  std::uint64_t current = 0;
+  WriteResult result;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::uint64_t n = specs[i].nbytes();
+    result.total_bytes += n;
+    if (options.max_shard_bytes > 0 && !shards.back().empty() &&
+        current + n > options.max_shard_bytes) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().push_back(i);
+    current += n;
+  }
+
+  auto buffer = largest_buffer(specs);
+  const std::size_t count = shards.size();
+  std::vector<std::unique_ptr<PendingFile>> pending;
+  ordered_json weight_map = ordered_json::object();
+  std::map<std::string, std::string> names;  // sorted weight map
+  for (std::size_t k = 0; k < count; ++k) {
+    char file[512];
+    if (count == 1)
+      std::snprintf(file, sizeof file, "%s.safetensors", options.base_name.c_str());
+    else
+      std::snprintf(file, sizeof file, "%s-%05zu-of-%05zu.safetensors", options.base_name.c_str(),
+                    k + 1, count);
+    const std::string path = (fs::path(dir) / file).string();
+    pending.push_back(std::make_unique<PendingFile>(path));
+    write_one(*pending.back(), specs, shards[k], fill, options.metadata, buffer);
+    result.files.push_back(path);
+    for (std::size_t i : shards[k]) names[specs[i].name] = file;
+  }
+  std::unique_ptr<PendingFile> index;
+  if (count > 1) {
+    result.index_path = (fs::path(dir) / (options.base_name + ".safetensors.index.json")).string();
+    for (const auto& [name, file] : names) weight_map[name] = file;
+    ordered_json j = {{"metadata", {{"total_size", result.total_bytes}}}, {"weight_map", weight_map}};
+    const std::string text = j.dump(2) + "\n";
+    index = std::make_unique<PendingFile>(result.index_path);
+    index->write(text.data(), text.size());
+    index->close();
+  }
+  for (auto& p : pending) p->commit();
+  if (index) index->commit();
+  return result;
+}
+
+WriteResult copy_checkpoint(const Checkpoint& src, const std::string& dir, WriteOptions options) {
+  std::vector<TensorSpec> specs;
+  std::vector<const TensorInfo*> infos;
+  // File order, so the source is read sequentially.
+  for (const auto& f : src.files())
+    for (const auto& t : f->header().tensors) {
+      specs.push_back({t.name, t.dtype, t.shape});
+      infos.push_back(&t);
+    }
+  auto metadata = src.metadata();
+  metadata.erase("total_size");  // an index's own bookkeeping, recomputed by the writer
+  for (const auto& [k, v] : options.metadata) metadata[k] = v;
+  options.metadata = std::move(metadata);
+  return write_safetensors_dir(
+      dir, specs,
+      [&](std::size_t i, const TensorSpec& spec, std::byte* out) {
+        std::memcpy(out, src.data(*infos[i]), spec.nbytes());
+      },
+      options);
+}
+
+}  // namespace dlo

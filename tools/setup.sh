@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The one install step dlo needs: system packages, the pinned Python venv (libtorch comes from its
+# torch wheel), then CMake configure + build into build/. Idempotent: on a set-up machine it only
+# rebuilds what changed, in seconds.
+#
+#   tools/setup.sh [--no-build]
+#
+# Environment:
+#   DLO_VENV        venv location (default: ~/.cache/dlo/venv-<hash of tools/requirements.txt>,
+#                   shared by every clone on the machine; .venv links to it)
+#   DLO_BUILD_DIR   build directory (default: build)
+#   DLO_CMAKE_ARGS  extra CMake arguments
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+T0=$(date +%s)
+say() { printf '[setup %3ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+
+BUILD=1
+for a in "$@"; do
+  case "$a" in
+    --no-build) BUILD=0 ;;
+    *) echo "usage: tools/setup.sh [--no-build]" >&2; exit 2 ;;
+  esac
+done
+
+# 1. Debian packages.
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git clang libclang-rt-14-dev
+  openmpi-bin libopenmpi-dev libhdf5-dev libhdf5-openmpi-dev
+  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg
+  libyaml-cpp-dev libcxxopts-dev doctest-dev nlohmann-json3-dev libsentencepiece-dev
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing ${#missing[@]} Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  say "Debian packages present"
+fi
+
+# 2. Python venv with the pinned torch (whose libtorch we build against) and reference packages.
+REQ=tools/requirements.txt
+HASH=$(sha256sum "$REQ" | cut -c1-12)
+VENV=${DLO_VENV:-$HOME/.cache/dlo/venv-$HASH}
+if [ ! -f "$VENV/.dlo-installed-$HASH" ]; then
+  say "creating venv $VENV (pinned torch and reference packages; downloads several GB on a fresh machine)"
+  PY=${DLO_BOOTSTRAP_PYTHON:-python3}
+  if ! "$PY" -m venv --help >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+  fi
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQ"
+  touch "$VENV/.dlo-installed-$HASH"
+else
+  say "venv present: $VENV"
+fi
+ln -sfn "$VENV" .venv
+PYTHON=$VENV/bin/python
+SITE=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+# 3. Configure and build.
+BUILD_DIR=${DLO_BUILD_DIR:-build}
+if [ ! -f "$BUILD_DIR/build.ninja" ] || ! grep -q "DLO_PYTHON:FILEPATH=$PYTHON$" "$BUILD_DIR/CMakeCache.txt"; then
+  say "configuring $BUILD_DIR"
+  mkdir -p "$BUILD_DIR"
+  # shellcheck disable=SC2086
+  cmake -S . -B "$BUILD_DIR" -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_PREFIX_PATH="$SITE/torch/share/cmake" \
+    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache \
+    -DDLO_PYTHON="$PYTHON" ${DLO_CMAKE_ARGS:-} >"$BUILD_DIR/configure.log" 2>&1 \
+    || { cat "$BUILD_DIR/configure.log"; exit 1; }
+  grep -E "^-- dlo" "$BUILD_DIR/configure.log" || true
+fi
+if ((BUILD)); then
+  say "building ($BUILD_DIR)"
+  # Relative paths in the ccache key, so fresh clones elsewhere (CI) reuse the cache.
+  CCACHE_BASEDIR=$ROOT cmake --build "$BUILD_DIR" -j "$(nproc)"
+fi
+say "done"
