@@ -66,9 +66,11 @@ SITE=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 # 3. Configure and build.
 BUILD_DIR=${DLO_BUILD_DIR:-build}
-if [ ! -f "$BUILD_DIR/build.ninja" ] || ! grep -q "DLO_PYTHON:FILEPATH=$PYTHON$" "$BUILD_DIR/CMakeCache.txt"; then
+if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$BUILD_DIR/.dlo-venv" 2>/dev/null)" != "$VENV" ]; then
   say "configuring $BUILD_DIR"
   mkdir -p "$BUILD_DIR"
+  # A new venv means new Torch/CUDA paths: drop cached find results (Torch_DIR, ...).
+  rm -f "$BUILD_DIR/CMakeCache.txt"
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD_DIR" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -77,6 +79,7 @@ if [ ! -f "$BUILD_DIR/build.ninja" ] || ! grep -q "DLO_PYTHON:FILEPATH=$PYTHON$"
     -DDLO_PYTHON="$PYTHON" ${DLO_CMAKE_ARGS:-} >"$BUILD_DIR/configure.log" 2>&1 \
     || { cat "$BUILD_DIR/configure.log"; exit 1; }
   grep -E "^-- dlo" "$BUILD_DIR/configure.log" || true
+  echo "$VENV" > "$BUILD_DIR/.dlo-venv"
 fi
 if ((BUILD)); then
   say "building ($BUILD_DIR)"

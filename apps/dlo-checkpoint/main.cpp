@@ -2,6 +2,7 @@
 //
 //   dlo-checkpoint inspect PATH [--json]
 //   dlo-checkpoint copy SRC DST_DIR [--shard-size 10GB] [--base-name NAME]
+//   dlo-checkpoint make OUT_DIR [--preset wan-test] [--layers N ...] [--dtype bf16] [--seed S]
 //
 // Exit codes: 0 ok, 2 bad invocation or malformed checkpoint, 1 anything else.
 #include <cstdio>
@@ -15,6 +16,8 @@
 #include "dlo/io/inspect.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
+#include "dlo/models/make_model.h"
+#include "dlo/models/weights.h"
 
 namespace {
 
@@ -23,7 +26,9 @@ constexpr const char* kUsage =
     "commands:\n"
     "  inspect PATH [--json]        summarise a checkpoint (file, index or directory)\n"
     "  copy SRC DST_DIR [--shard-size SIZE] [--base-name NAME]\n"
-    "                               rewrite a checkpoint, resharded (SIZE 0: one file)\n";
+    "                               rewrite a checkpoint, resharded (SIZE 0: one file)\n"
+    "  make OUT_DIR [--preset NAME] [--layers N] [--dim D] ... [--dtype bf16] [--seed S]\n"
+    "                               write a random-weight model in the diffusers layout\n";
 
 int inspect(int argc, char** argv) {
   cxxopts::Options opts("dlo-checkpoint inspect", "Summarise a safetensors checkpoint");
@@ -75,6 +80,83 @@ int copy(int argc, char** argv) {
   return 0;
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t comma = s.find(',', start);
+    std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!part.empty()) out.push_back(part);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+int make(int argc, char** argv) {
+  cxxopts::Options opts("dlo-checkpoint make", "Write a random-weight model directory (diffusers layout)");
+  std::string presets;
+  for (const auto& p : dlo::WanTransformerConfig::preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  opts.add_options()("preset", "transformer shape: " + presets, cxxopts::value<std::string>()->default_value("wan-test"))(
+      "layers", "number of blocks", cxxopts::value<std::int64_t>())(
+      "dim", "model width (heads x head dim)", cxxopts::value<std::int64_t>())(
+      "heads", "attention heads", cxxopts::value<std::int64_t>())(
+      "head-dim", "attention head dim", cxxopts::value<std::int64_t>())(
+      "ffn-dim", "feed-forward width", cxxopts::value<std::int64_t>())(
+      "text-dim", "text embedding width", cxxopts::value<std::int64_t>())(
+      "in-channels", "latent channels in", cxxopts::value<std::int64_t>())(
+      "out-channels", "latent channels out", cxxopts::value<std::int64_t>())(
+      "freq-dim", "timestep embedding width", cxxopts::value<std::int64_t>())(
+      "rope-max-seq-len", "RoPE table length", cxxopts::value<std::int64_t>())(
+      "dtype", "bf16, fp16 or fp32", cxxopts::value<std::string>()->default_value("bf16"))(
+      "seed", "random seed", cxxopts::value<std::uint64_t>()->default_value("0"))(
+      "shard-size", "max bytes per shard (0: one file)", cxxopts::value<std::string>()->default_value("10GB"))(
+      "components", "comma-separated components", cxxopts::value<std::string>()->default_value("transformer,scheduler"))(
+      "out", "output directory", cxxopts::value<std::string>())("h,help", "help");
+  opts.parse_positional({"out"});
+  auto args = opts.parse(argc, argv);
+  if (args.count("help")) {
+    std::cout << opts.help();
+    return 0;
+  }
+  DLO_CHECK(args.count("out"), "make: missing OUT_DIR");
+  dlo::MakeModelOptions o;
+  o.transformer = dlo::WanTransformerConfig::preset(args["preset"].as<std::string>());
+  auto& c = o.transformer;
+  auto flag = [&](const char* name, std::int64_t& field) {
+    if (args.count(name)) field = args[name].as<std::int64_t>();
+  };
+  flag("layers", c.num_layers);
+  flag("heads", c.num_attention_heads);
+  flag("head-dim", c.attention_head_dim);
+  flag("ffn-dim", c.ffn_dim);
+  flag("text-dim", c.text_dim);
+  flag("in-channels", c.in_channels);
+  flag("out-channels", c.out_channels);
+  flag("freq-dim", c.freq_dim);
+  flag("rope-max-seq-len", c.rope_max_seq_len);
+  if (args.count("dim")) {
+    const auto d = args["dim"].as<std::int64_t>();
+    DLO_CHECK(d > 0 && d % c.num_attention_heads == 0, "--dim ", d, " must be a positive multiple of --heads (",
+              c.num_attention_heads, ")");
+    DLO_CHECK(!args.count("head-dim") || args["head-dim"].as<std::int64_t>() * c.num_attention_heads == d,
+              "--dim disagrees with --heads x --head-dim");
+    c.attention_head_dim = d / c.num_attention_heads;
+  }
+  c.validate("make");
+  const std::string dtype = args["dtype"].as<std::string>();
+  const auto st = dlo::parse_compute_dtype(dtype, "--dtype");
+  o.dtype = st == at::kFloat ? dlo::DType::F32 : st == at::kHalf ? dlo::DType::F16 : dlo::DType::BF16;
+  o.seed = args["seed"].as<std::uint64_t>();
+  o.shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");
+  o.components = split_commas(args["components"].as<std::string>());
+  auto r = dlo::make_model(args["out"].as<std::string>(), o);
+  std::cout << "wrote " << args["out"].as<std::string>() << ": ";
+  for (std::size_t i = 0; i < r.written.size(); ++i) std::cout << (i ? ", " : "") << r.written[i];
+  std::cout << " (" << dlo::human_bytes(r.bytes) << " of weights)\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,6 +168,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "inspect") return inspect(argc - 1, argv + 1);
     if (cmd == "copy") return copy(argc - 1, argv + 1);
+    if (cmd == "make") return make(argc - 1, argv + 1);
     if (cmd == "-h" || cmd == "--help") {
       std::cout << kUsage;
       return 0;

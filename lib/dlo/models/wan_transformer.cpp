@@ -1,0 +1,458 @@
+#include "dlo/models/wan_transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "dlo/common/error.h"
+
+namespace dlo {
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+WanTransformerConfig WanTransformerConfig::from_json(const JsonConfig& j) {
+  const std::string& f = j.path();
+  if (j.has("_class_name")) {
+    const std::string cls = j.get_string("_class_name");
+    DLO_CHECK(cls == "WanTransformer3DModel", f, ": _class_name is '", cls, "', expected 'WanTransformer3DModel'");
+  }
+  DLO_CHECK(!j.has("image_dim") && !j.has("added_kv_proj_dim"), f,
+            ": image_dim/added_kv_proj_dim are set (an image-to-video model); I2V not supported yet");
+  DLO_CHECK(!j.has("pos_embed_seq_len"), f, ": pos_embed_seq_len is set (FLF2V); not supported yet");
+  WanTransformerConfig c;
+  auto patch = j.get_int_list("patch_size", std::vector<std::int64_t>{1, 2, 2});
+  DLO_CHECK(patch.size() == 3, f, ": field 'patch_size' must have 3 entries, got ", j.dump("patch_size"));
+  c.patch_size = {patch[0], patch[1], patch[2]};
+  c.num_attention_heads = j.get_int("num_attention_heads", 40);
+  c.attention_head_dim = j.get_int("attention_head_dim", 128);
+  c.in_channels = j.get_int("in_channels", 16);
+  c.out_channels = j.get_int("out_channels", 16);
+  c.text_dim = j.get_int("text_dim", 4096);
+  c.freq_dim = j.get_int("freq_dim", 256);
+  c.ffn_dim = j.get_int("ffn_dim", 13824);
+  c.num_layers = j.get_int("num_layers", 40);
+  c.cross_attn_norm = j.get_bool("cross_attn_norm", true);
+  c.eps = j.get_double("eps", 1e-6);
+  c.rope_max_seq_len = j.get_int("rope_max_seq_len", 1024);
+  const std::string qk = j.get_string("qk_norm", std::string("rms_norm_across_heads"));
+  DLO_CHECK(qk == "rms_norm_across_heads", f, ": field 'qk_norm' is '", qk,
+            "'; only 'rms_norm_across_heads' (every Wan2.1 model) is supported");
+  c.validate(f);
+  return c;
+}
+
+void WanTransformerConfig::validate(const std::string& where) const {
+  auto positive = [&](std::int64_t v, const char* name) {
+    DLO_CHECK(v > 0 && v < (1ll << 31), where, ": field '", name, "' must be a positive integer, got ", v);
+  };
+  for (int i = 0; i < 3; ++i) positive(patch_size[i], "patch_size");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(attention_head_dim, "attention_head_dim");
+  positive(in_channels, "in_channels");
+  positive(out_channels, "out_channels");
+  positive(text_dim, "text_dim");
+  positive(freq_dim, "freq_dim");
+  positive(ffn_dim, "ffn_dim");
+  positive(num_layers, "num_layers");
+  positive(rope_max_seq_len, "rope_max_seq_len");
+  DLO_CHECK(freq_dim % 2 == 0, where, ": field 'freq_dim' must be even, got ", freq_dim);
+  // RoPE splits the head dim into (t, h, w) parts of interleaved pairs: all must be even, > 0.
+  const std::int64_t d = attention_head_dim, hw = 2 * (d / 6), t = d - 2 * hw;
+  DLO_CHECK(d % 2 == 0 && hw > 0 && t > 0, where, ": field 'attention_head_dim' must be even and >= 6, got ", d);
+  DLO_CHECK(std::isfinite(eps) && eps > 0 && eps < 1, where, ": field 'eps' must be in (0, 1), got ", eps);
+}
+
+WanTransformerConfig WanTransformerConfig::preset(const std::string& name) {
+  WanTransformerConfig c;
+  if (name == "wan-test") {
+    c.num_attention_heads = 2;
+    c.attention_head_dim = 12;
+    c.in_channels = c.out_channels = 4;
+    c.text_dim = 16;
+    c.ffn_dim = 32;
+    c.num_layers = 2;
+    c.rope_max_seq_len = 32;
+  } else if (name == "wan2.1-t2v-1.3b") {
+    c.num_attention_heads = 12;
+    c.ffn_dim = 8960;
+    c.num_layers = 30;
+  } else if (name == "wan2.1-t2v-14b") {
+    c.num_attention_heads = 40;
+    c.ffn_dim = 13824;
+    c.num_layers = 40;
+  } else {
+    DLO_CHECK(false, "unknown transformer preset '", name, "' (wan-test, wan2.1-t2v-1.3b, wan2.1-t2v-14b)");
+  }
+  return c;
+}
+
+std::vector<std::string> WanTransformerConfig::preset_names() {
+  return {"wan-test", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"};
+}
+
+std::string WanTransformerConfig::to_json() const {
+  nlohmann::ordered_json j;
+  j["_class_name"] = "WanTransformer3DModel";
+  j["_diffusers_version"] = "0.42.1";
+  j["added_kv_proj_dim"] = nullptr;
+  j["attention_head_dim"] = attention_head_dim;
+  j["cross_attn_norm"] = cross_attn_norm;
+  j["eps"] = eps;
+  j["ffn_dim"] = ffn_dim;
+  j["freq_dim"] = freq_dim;
+  j["image_dim"] = nullptr;
+  j["in_channels"] = in_channels;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_layers"] = num_layers;
+  j["out_channels"] = out_channels;
+  j["patch_size"] = {patch_size[0], patch_size[1], patch_size[2]};
+  j["pos_embed_seq_len"] = nullptr;
+  j["qk_norm"] = "rms_norm_across_heads";
+  j["rope_max_seq_len"] = rope_max_seq_len;
+  j["text_dim"] = text_dim;
+  return j.dump(2) + "\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor names and shapes
+
+std::vector<std::string> wan_block_tensor_names(const WanTransformerConfig& c) {
+  std::vector<std::string> n;
+  for (const char* a : {"attn1", "attn2"}) {
+    for (const char* p : {"to_q", "to_k", "to_v", "to_out.0"}) {
+      n.push_back(std::string(a) + "." + p + ".weight");
+      n.push_back(std::string(a) + "." + p + ".bias");
+    }
+    n.push_back(std::string(a) + ".norm_q.weight");
+    n.push_back(std::string(a) + ".norm_k.weight");
+  }
+  if (c.cross_attn_norm) {
+    n.push_back("norm2.weight");
+    n.push_back("norm2.bias");
+  }
+  for (const char* s : {"ffn.net.0.proj.weight", "ffn.net.0.proj.bias", "ffn.net.2.weight", "ffn.net.2.bias",
+                        "scale_shift_table"})
+    n.push_back(s);
+  return n;
+}
+
+namespace {
+
+std::vector<std::int64_t> block_shape(const std::string& name, const WanTransformerConfig& c) {
+  const std::int64_t D = c.dim(), F = c.ffn_dim;
+  if (name == "scale_shift_table") return {1, 6, D};
+  if (name == "ffn.net.0.proj.weight") return {F, D};
+  if (name == "ffn.net.0.proj.bias") return {F};
+  if (name == "ffn.net.2.weight") return {D, F};
+  if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 && name.find("norm") == std::string::npos)
+    return {D, D};
+  return {D};
+}
+
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> global_shapes(const WanTransformerConfig& c) {
+  const std::int64_t D = c.dim();
+  const auto& p = c.patch_size;
+  return {
+      {"patch_embedding.weight", {D, c.in_channels, p[0], p[1], p[2]}},
+      {"patch_embedding.bias", {D}},
+      {"condition_embedder.time_embedder.linear_1.weight", {D, c.freq_dim}},
+      {"condition_embedder.time_embedder.linear_1.bias", {D}},
+      {"condition_embedder.time_embedder.linear_2.weight", {D, D}},
+      {"condition_embedder.time_embedder.linear_2.bias", {D}},
+      {"condition_embedder.time_proj.weight", {6 * D, D}},
+      {"condition_embedder.time_proj.bias", {6 * D}},
+      {"condition_embedder.text_embedder.linear_1.weight", {D, c.text_dim}},
+      {"condition_embedder.text_embedder.linear_1.bias", {D}},
+      {"condition_embedder.text_embedder.linear_2.weight", {D, D}},
+      {"condition_embedder.text_embedder.linear_2.bias", {D}},
+      {"proj_out.weight", {c.out_channels * p[0] * p[1] * p[2], D}},
+      {"proj_out.bias", {c.out_channels * p[0] * p[1] * p[2]}},
+      {"scale_shift_table", {1, 2, D}},
+  };
+}
+
+}  // namespace
+
+std::vector<TensorSpec> wan_block_specs(const WanTransformerConfig& c, DType dtype) {
+  std::vector<TensorSpec> out;
+  for (const auto& n : wan_block_tensor_names(c)) out.push_back({n, dtype, block_shape(n, c)});
+  return out;
+}
+
+std::vector<TensorSpec> wan_transformer_specs(const WanTransformerConfig& c, DType dtype) {
+  std::vector<TensorSpec> out;
+  for (auto& [n, s] : global_shapes(c)) out.push_back({n, dtype, s});
+  for (std::int64_t i = 0; i < c.num_layers; ++i)
+    for (auto spec : wan_block_specs(c, dtype)) {
+      spec.name = "blocks." + std::to_string(i) + "." + spec.name;
+      out.push_back(std::move(spec));
+    }
+  return out;
+}
+
+at::ScalarType wan_weight_dtype(const std::string& name, at::ScalarType compute) {
+  // diffusers' _keep_in_fp32_modules: any dot-separated component equal to one of these.
+  static const char* keep[] = {"rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"};
+  std::size_t start = 0;
+  while (start <= name.size()) {
+    const std::size_t dot = name.find('.', start);
+    const std::string part = name.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    for (const char* k : keep)
+      if (part == k) return at::kFloat;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return compute;
+}
+
+WanBlockWeights WanBlockWeights::bind(const std::vector<at::Tensor>& t, const WanTransformerConfig& c) {
+  const std::size_t expected = wan_block_tensor_names(c).size();
+  DLO_ASSERT(t.size() == expected, "block has ", t.size(), " tensors, expected ", expected);
+  WanBlockWeights w;
+  std::size_t i = 0;
+  for (at::Tensor* dst : {&w.q1_w, &w.q1_b, &w.k1_w, &w.k1_b, &w.v1_w, &w.v1_b, &w.o1_w, &w.o1_b, &w.norm_q1,
+                          &w.norm_k1, &w.q2_w, &w.q2_b, &w.k2_w, &w.k2_b, &w.v2_w, &w.v2_b, &w.o2_w, &w.o2_b,
+                          &w.norm_q2, &w.norm_k2})
+    *dst = t[i++];
+  if (c.cross_attn_norm) {
+    w.norm2_w = t[i++];
+    w.norm2_b = t[i++];
+  }
+  for (at::Tensor* dst : {&w.ffn0_w, &w.ffn0_b, &w.ffn2_w, &w.ffn2_b, &w.scale_shift_table}) *dst = t[i++];
+  return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Math
+
+namespace {
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  // Weights are normally stored in x's dtype; a mismatch converts on use (correct, slower).
+  return at::linear(x, as_dtype(w, x.scalar_type()), as_dtype(b, x.scalar_type()));
+}
+
+// diffusers' FP32LayerNorm: layer_norm in fp32, result cast back to the input's dtype.
+at::Tensor fp32_layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
+  const auto D = x.size(-1);
+  return at::layer_norm(x.to(at::kFloat), {D}, w.defined() ? as_dtype(w, at::kFloat) : at::Tensor(),
+                        b.defined() ? as_dtype(b, at::kFloat) : at::Tensor(), eps)
+      .to(x.scalar_type());
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // x: [B, L, H, d]; pairs (0,1), (2,3), ... rotate together.
+  auto pairs = x.unflatten(-1, {-1, 2}).unbind(-1);
+  const at::Tensor& x1 = pairs[0];
+  const at::Tensor& x2 = pairs[1];
+  at::Tensor c = cos.slice(-1, 0, c10::nullopt, 2);
+  at::Tensor s = sin.slice(-1, 1, c10::nullopt, 2);
+  at::Tensor out = at::empty_like(x);
+  out.slice(-1, 0, c10::nullopt, 2).copy_(x1 * c - x2 * s);
+  out.slice(-1, 1, c10::nullopt, 2).copy_(x1 * s + x2 * c);
+  return out;
+}
+
+at::Tensor attention(const at::Tensor& x, const at::Tensor& kv_src, const at::Tensor& q_w, const at::Tensor& q_b,
+                     const at::Tensor& k_w, const at::Tensor& k_b, const at::Tensor& v_w, const at::Tensor& v_b,
+                     const at::Tensor& o_w, const at::Tensor& o_b, const at::Tensor& nq, const at::Tensor& nk,
+                     const WanForwardState* rope, const WanTransformerConfig& c) {
+  const auto D = c.dim();
+  at::Tensor q = linear(x, q_w, q_b);
+  at::Tensor k = linear(kv_src, k_w, k_b);
+  at::Tensor v = linear(kv_src, v_w, v_b);
+  // torch.nn.RMSNorm over the whole D (across heads).
+  q = at::rms_norm(q, {D}, as_dtype(nq, q.scalar_type()), c.eps);
+  k = at::rms_norm(k, {D}, as_dtype(nk, k.scalar_type()), c.eps);
+  q = q.unflatten(2, {c.num_attention_heads, -1});
+  k = k.unflatten(2, {c.num_attention_heads, -1});
+  v = v.unflatten(2, {c.num_attention_heads, -1});
+  if (rope != nullptr) {
+    q = apply_rope(q, rope->rope_cos, rope->rope_sin);
+    k = apply_rope(k, rope->rope_cos, rope->rope_sin);
+  }
+  at::Tensor o = at::scaled_dot_product_attention(q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}),
+                                                  v.permute({0, 2, 1, 3}));
+  o = o.permute({0, 2, 1, 3}).flatten(2, 3).to(q.scalar_type());
+  return linear(o, o_w, o_b);
+}
+
+// diffusers' get_timestep_embedding(flip_sin_to_cos=True, downscale_freq_shift=0, scale=1), fp32.
+at::Tensor timestep_embedding(const at::Tensor& t, std::int64_t dim) {
+  const std::int64_t half = dim / 2;
+  at::Tensor exponent = at::arange(0, half, at::TensorOptions().dtype(at::kFloat)) * (-std::log(10000.0));
+  exponent = exponent / static_cast<double>(half);
+  at::Tensor emb = at::exp(exponent);
+  emb = t.unsqueeze(1).to(at::kFloat) * emb.unsqueeze(0);
+  emb = at::cat({at::sin(emb), at::cos(emb)}, -1);
+  return at::cat({emb.slice(1, half), emb.slice(1, 0, half)}, -1);
+}
+
+// diffusers' get_1d_rotary_pos_embed(use_real=True, repeat_interleave_real=True, float64).
+std::pair<at::Tensor, at::Tensor> rope_1d(std::int64_t dim, std::int64_t max_len) {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor freqs = 1.0 / at::pow(10000.0, at::arange(0, dim, 2, f64) / static_cast<double>(dim));
+  freqs = at::outer(at::arange(max_len, f64), freqs);
+  return {freqs.cos().repeat_interleave(2, 1).to(at::kFloat), freqs.sin().repeat_interleave(2, 1).to(at::kFloat)};
+}
+
+}  // namespace
+
+at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h_in,
+                             const WanTransformerConfig& c) {
+  at::Tensor h = h_in;
+  const auto dt = h.scalar_type();
+  auto mod = (as_dtype(w.scale_shift_table, at::kFloat) + s.tproj.to(at::kFloat)).chunk(6, 1);
+  const at::Tensor &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
+  const at::Tensor &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
+  const at::Tensor none;
+
+  // 1. Self-attention with RoPE, gated residual in fp32.
+  at::Tensor n = (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + scale_msa) + shift_msa).to(dt);
+  at::Tensor a = attention(n, n, w.q1_w, w.q1_b, w.k1_w, w.k1_b, w.v1_w, w.v1_b, w.o1_w, w.o1_b, w.norm_q1, w.norm_k1,
+                           &s, c);
+  h = (h.to(at::kFloat) + a * gate_msa).to(dt);
+
+  // 2. Cross-attention on the text context, plain residual in the compute dtype.
+  n = c.cross_attn_norm ? fp32_layer_norm(h.to(at::kFloat), w.norm2_w, w.norm2_b, c.eps).to(dt) : h;
+  a = attention(n, s.context, w.q2_w, w.q2_b, w.k2_w, w.k2_b, w.v2_w, w.v2_b, w.o2_w, w.o2_b, w.norm_q2, w.norm_k2,
+                nullptr, c);
+  h = h + a;
+
+  // 3. Feed-forward (GELU tanh), gated residual in fp32.
+  n = (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + c_scale) + c_shift).to(dt);
+  at::Tensor f = linear(at::gelu(linear(n, w.ffn0_w, w.ffn0_b), "tanh"), w.ffn2_w, w.ffn2_b);
+  return (h.to(at::kFloat) + f.to(at::kFloat) * c_gate).to(dt);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+WanTransformer WanTransformer::load(const std::string& dir, at::ScalarType compute, bool load_blocks) {
+  return with_context(str("loading transformer '", dir, "'"), [&] {
+    auto config = WanTransformerConfig::from_json(JsonConfig::load(dir + "/config.json"));
+    WanTransformer m(config, WeightStore::open(dir), compute);
+    const auto& c = m.config_;
+    auto get = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
+      return as_dtype(m.store_.get(name, shape), wan_weight_dtype(name, compute));
+    };
+    std::map<std::string, at::Tensor> g;
+    for (const auto& [name, shape] : global_shapes(c)) g[name] = get(name, shape);
+    auto& gw = m.global_;
+    gw.patch_w = g["patch_embedding.weight"];
+    gw.patch_b = g["patch_embedding.bias"];
+    gw.time1_w = g["condition_embedder.time_embedder.linear_1.weight"];
+    gw.time1_b = g["condition_embedder.time_embedder.linear_1.bias"];
+    gw.time2_w = g["condition_embedder.time_embedder.linear_2.weight"];
+    gw.time2_b = g["condition_embedder.time_embedder.linear_2.bias"];
+    gw.time_proj_w = g["condition_embedder.time_proj.weight"];
+    gw.time_proj_b = g["condition_embedder.time_proj.bias"];
+    gw.text1_w = g["condition_embedder.text_embedder.linear_1.weight"];
+    gw.text1_b = g["condition_embedder.text_embedder.linear_1.bias"];
+    gw.text2_w = g["condition_embedder.text_embedder.linear_2.weight"];
+    gw.text2_b = g["condition_embedder.text_embedder.linear_2.bias"];
+    gw.proj_out_w = g["proj_out.weight"];
+    gw.proj_out_b = g["proj_out.bias"];
+    gw.scale_shift_table = g["scale_shift_table"];
+    if (load_blocks) {
+      const auto names = wan_block_tensor_names(c);
+      for (std::int64_t i = 0; i < c.num_layers; ++i) {
+        std::vector<at::Tensor> t;
+        for (const auto& n : names)
+          t.push_back(get("blocks." + std::to_string(i) + "." + n, block_shape(n, c)));
+        m.blocks_.push_back(WanBlockWeights::bind(t, c));
+      }
+    } else {
+      // The engine supplies blocks, but the checkpoint must still hold them all.
+      DLO_CHECK(m.store_.has("blocks." + std::to_string(c.num_layers - 1) + ".scale_shift_table"),
+                "config says ", c.num_layers, " layers, but the checkpoint has no block ", c.num_layers - 1);
+    }
+    // RoPE tables, as diffusers' WanRotaryPosEmbed builds its buffers.
+    const std::int64_t d = c.attention_head_dim, hw = 2 * (d / 6), t = d - 2 * hw;
+    std::vector<at::Tensor> cos, sin;
+    for (std::int64_t part : {t, hw, hw}) {
+      auto [pc, ps] = rope_1d(part, c.rope_max_seq_len);
+      cos.push_back(pc);
+      sin.push_back(ps);
+    }
+    m.rope_cos_table_ = at::cat(cos, 1);
+    m.rope_sin_table_ = at::cat(sin, 1);
+    return m;
+  });
+}
+
+WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& timestep,
+                                      const at::Tensor& context_in) const {
+  const auto& c = config_;
+  const auto& p = c.patch_size;
+  DLO_CHECK(x_in.dim() == 5, "hidden_states must be [B, C, F, H, W], got ", x_in.sizes());
+  const std::int64_t B = x_in.size(0);
+  DLO_CHECK(x_in.size(1) == c.in_channels, "hidden_states has ", x_in.size(1), " channels; the model takes ",
+            c.in_channels);
+  DLO_CHECK(x_in.size(2) % p[0] == 0 && x_in.size(3) % p[1] == 0 && x_in.size(4) % p[2] == 0,
+            "hidden_states frames/height/width ", x_in.sizes().slice(2), " must be multiples of patch_size [", p[0],
+            ", ", p[1], ", ", p[2], "]");
+  WanForwardState s;
+  s.batch = B;
+  s.frames = x_in.size(2) / p[0];
+  s.height = x_in.size(3) / p[1];
+  s.width = x_in.size(4) / p[2];
+  DLO_CHECK(s.frames > 0 && s.height > 0 && s.width > 0, "hidden_states is empty: ", x_in.sizes());
+  DLO_CHECK(std::max({s.frames, s.height, s.width}) <= c.rope_max_seq_len, "latent grid ", s.frames, "x", s.height,
+            "x", s.width, " exceeds rope_max_seq_len ", c.rope_max_seq_len);
+  DLO_CHECK(timestep.dim() == 1 && timestep.size(0) == B, "timestep must be [", B, "], got ", timestep.sizes());
+  DLO_CHECK(context_in.dim() == 3 && context_in.size(0) == B && context_in.size(2) == c.text_dim,
+            "encoder_hidden_states must be [", B, ", L, ", c.text_dim, "], got ", context_in.sizes());
+
+  const auto dt = compute_;
+  const at::Tensor x = x_in.to(dt);
+  const at::Tensor context = context_in.to(dt);
+
+  // RoPE for the F x H x W grid: [1, L, 1, d].
+  const std::int64_t d = c.attention_head_dim, hw = 2 * (d / 6), t = d - 2 * hw;
+  auto grid = [&](const at::Tensor& table) {
+    auto parts = table.split_with_sizes({t, hw, hw}, 1);
+    auto f = parts[0].slice(0, 0, s.frames).view({s.frames, 1, 1, -1}).expand({s.frames, s.height, s.width, -1});
+    auto h = parts[1].slice(0, 0, s.height).view({1, s.height, 1, -1}).expand({s.frames, s.height, s.width, -1});
+    auto w = parts[2].slice(0, 0, s.width).view({1, 1, s.width, -1}).expand({s.frames, s.height, s.width, -1});
+    return at::cat({f, h, w}, -1).reshape({1, s.frames * s.height * s.width, 1, -1});
+  };
+  s.rope_cos = grid(rope_cos_table_);
+  s.rope_sin = grid(rope_sin_table_);
+
+  const auto& g = global_;
+  at::Tensor h = at::conv3d(x, as_dtype(g.patch_w, dt), as_dtype(g.patch_b, dt), {p[0], p[1], p[2]});
+  s.h = h.flatten(2).transpose(1, 2).contiguous();
+
+  at::Tensor ts = timestep_embedding(timestep, c.freq_dim).to(g.time1_w.scalar_type());
+  at::Tensor temb = at::linear(at::silu(at::linear(ts, g.time1_w, g.time1_b)), g.time2_w, g.time2_b);
+  s.temb = temb.to(dt);
+  s.tproj = linear(at::silu(s.temb), g.time_proj_w, g.time_proj_b).unflatten(1, {6, -1});
+  s.context = linear(at::gelu(linear(context, g.text1_w, g.text1_b), "tanh"), g.text2_w, g.text2_b);
+  return s;
+}
+
+at::Tensor WanTransformer::end(const WanForwardState& s) const {
+  const auto& c = config_;
+  const auto& p = c.patch_size;
+  const auto dt = s.h.scalar_type();
+  auto ss = (as_dtype(global_.scale_shift_table, at::kFloat) + s.temb.unsqueeze(1)).chunk(2, 1);
+  at::Tensor h = (fp32_layer_norm(s.h.to(at::kFloat), {}, {}, c.eps) * (1 + ss[1]) + ss[0]).to(dt);
+  h = linear(h, global_.proj_out_w, global_.proj_out_b);
+  h = h.reshape({s.batch, s.frames, s.height, s.width, p[0], p[1], p[2], -1}).permute({0, 7, 1, 4, 2, 5, 3, 6});
+  return h.flatten(6, 7).flatten(4, 5).flatten(2, 3);
+}
+
+at::Tensor WanTransformer::forward(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const {
+  DLO_CHECK(static_cast<std::int64_t>(blocks_.size()) == config_.num_layers,
+            "forward() needs the block weights; load with load_blocks=true");
+  WanForwardState s = begin(x, timestep, context);
+  for (const auto& b : blocks_) s.h = wan_block_forward(b, s, s.h, config_);
+  return end(s);
+}
+
+}  // namespace dlo

@@ -1,0 +1,134 @@
+// Wan2.1 text-to-video diffusion transformer, equal to diffusers' WanTransformer3DModel.
+//
+// Weights are data, layers are functions: WanGlobalWeights and WanBlockWeights are plain structs
+// of tensors (views into the mmap'ed checkpoint when dtypes agree), and wan_block_forward() takes
+// a block's weights as an argument, so an offload engine can hand it weights that live anywhere
+// (a device slot filled by an AllGather, a pinned host copy, ...).
+//
+// The forward pass is split into begin() (patch/time/text embedding and RoPE tables), the blocks,
+// and end() (output norm, projection, unpatchify), so engines can stream the blocks themselves.
+// dtype policy follows diffusers: Linear/Conv/SDPA/GELU in the compute dtype; LayerNorms,
+// modulation, gated residuals, RoPE, the timestep embedding and time_embedder in fp32.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "dlo/io/dtype.h"
+#include "dlo/io/safetensors_writer.h"
+#include "dlo/models/json_config.h"
+#include "dlo/models/weights.h"
+
+namespace dlo {
+
+struct WanTransformerConfig {
+  std::array<std::int64_t, 3> patch_size{1, 2, 2};
+  std::int64_t num_attention_heads = 40;
+  std::int64_t attention_head_dim = 128;
+  std::int64_t in_channels = 16;
+  std::int64_t out_channels = 16;
+  std::int64_t text_dim = 4096;
+  std::int64_t freq_dim = 256;
+  std::int64_t ffn_dim = 13824;
+  std::int64_t num_layers = 40;
+  bool cross_attn_norm = true;
+  double eps = 1e-6;
+  std::int64_t rope_max_seq_len = 1024;
+
+  std::int64_t dim() const { return num_attention_heads * attention_head_dim; }
+
+  // Reads a diffusers transformer/config.json. Throws dlo::Error naming the file and field for
+  // missing, mistyped, unsupported (I2V) or inconsistent values.
+  static WanTransformerConfig from_json(const JsonConfig& json);
+  // "wan-test" (diffusers' model-test config), "wan2.1-t2v-1.3b", "wan2.1-t2v-14b".
+  static WanTransformerConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+  // Checks consistency (positive sizes, even head dim, ...). Throws dlo::Error naming `where`.
+  void validate(const std::string& where) const;
+  // config.json text exactly as diffusers writes it (keys sorted, nulls for unused I2V fields).
+  std::string to_json() const;
+};
+
+// Names of one block's tensors relative to "blocks.N.", in the fixed order used for packing.
+std::vector<std::string> wan_block_tensor_names(const WanTransformerConfig& c);
+// The block's tensors as specs (names relative to "blocks.N.") with their shapes and `dtype`.
+std::vector<TensorSpec> wan_block_specs(const WanTransformerConfig& c, DType dtype);
+// Every tensor of the transformer, full names, for a checkpoint of the given dtype.
+std::vector<TensorSpec> wan_transformer_specs(const WanTransformerConfig& c, DType dtype);
+// The dtype diffusers computes a tensor in (fp32 for the _keep_in_fp32_modules, else `compute`),
+// by its name relative to the block or the model.
+at::ScalarType wan_weight_dtype(const std::string& name, at::ScalarType compute);
+
+struct WanBlockWeights {
+  at::Tensor q1_w, q1_b, k1_w, k1_b, v1_w, v1_b, o1_w, o1_b, norm_q1, norm_k1;
+  at::Tensor q2_w, q2_b, k2_w, k2_b, v2_w, v2_b, o2_w, o2_b, norm_q2, norm_k2;
+  at::Tensor norm2_w, norm2_b;  // undefined when !cross_attn_norm
+  at::Tensor ffn0_w, ffn0_b, ffn2_w, ffn2_b;
+  at::Tensor scale_shift_table;  // [1, 6, D]
+
+  // Binds tensors given in wan_block_tensor_names() order (no copies).
+  static WanBlockWeights bind(const std::vector<at::Tensor>& tensors, const WanTransformerConfig& c);
+};
+
+struct WanGlobalWeights {
+  at::Tensor patch_w, patch_b;
+  at::Tensor time1_w, time1_b, time2_w, time2_b;  // time_embedder (fp32)
+  at::Tensor time_proj_w, time_proj_b;
+  at::Tensor text1_w, text1_b, text2_w, text2_b;
+  at::Tensor proj_out_w, proj_out_b;
+  at::Tensor scale_shift_table;  // [1, 2, D] (fp32)
+};
+
+// Per-forward state between begin() and end().
+struct WanForwardState {
+  at::Tensor h;        // [B, L, D] hidden tokens, compute dtype
+  at::Tensor temb;     // [B, D]
+  at::Tensor tproj;    // [B, 6, D]
+  at::Tensor context;  // [B, S, D] projected text
+  at::Tensor rope_cos, rope_sin;  // [1, L, 1, head_dim] fp32
+  std::int64_t batch = 0, frames = 0, height = 0, width = 0;  // post-patch grid
+};
+
+// One transformer block, in place of diffusers' WanTransformerBlock.forward. Returns the new
+// hidden states. Thread-compatible (no shared state).
+at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h,
+                             const WanTransformerConfig& c);
+
+class WanTransformer {
+ public:
+  // Loads `dir` (a diffusers transformer/ folder: config.json + safetensors). Non-block weights
+  // are views (converted copies only where the checkpoint dtype differs from what `compute`
+  // needs). With `load_blocks`, block weights are bound too (the resident case); engines that
+  // stream blocks pass false and supply block weights themselves.
+  static WanTransformer load(const std::string& dir, at::ScalarType compute, bool load_blocks = true);
+
+  const WanTransformerConfig& config() const { return config_; }
+  at::ScalarType compute_dtype() const { return compute_; }
+  const WeightStore& weights() const { return store_; }
+
+  // Validates inputs (naming the bad one) and computes embeddings and RoPE tables.
+  // x: [B, C_in, F, H, W]; timestep: [B]; context: [B, S, text_dim].
+  WanForwardState begin(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const;
+  // Output head and unpatchify: [B, C_out, F, H, W] in the compute dtype.
+  at::Tensor end(const WanForwardState& s) const;
+  // The whole forward with the resident block weights (load_blocks must have been true).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const;
+
+  const WanBlockWeights& block(std::int64_t i) const { return blocks_.at(static_cast<std::size_t>(i)); }
+
+ private:
+  WanTransformer(WanTransformerConfig c, WeightStore store, at::ScalarType compute)
+      : config_(c), store_(std::move(store)), compute_(compute) {}
+  WanTransformerConfig config_;
+  WeightStore store_;
+  at::ScalarType compute_;
+  WanGlobalWeights global_;
+  std::vector<WanBlockWeights> blocks_;
+  at::Tensor rope_cos_table_, rope_sin_table_;  // [rope_max_seq_len, head_dim] fp32
+};
+
+}  // namespace dlo
