@@ -3,6 +3,8 @@
 //   dlo-checkpoint inspect PATH [--json]
 //   dlo-checkpoint copy SRC DST_DIR [--shard-size 10GB] [--base-name NAME]
 //   dlo-checkpoint make OUT_DIR [--preset wan-test] [--layers N ...] [--dtype bf16] [--seed S]
+//                      [--components transformer,scheduler,vae] [--vae-preset wan2.1-vae-small]
+//                      [--components ...,text_encoder,tokenizer] [--te-layers N --te-d-ff F ...]
 //
 // Exit codes: 0 ok, 2 bad invocation or malformed checkpoint, 1 anything else.
 #include <cstdio>
@@ -28,6 +30,7 @@ constexpr const char* kUsage =
     "  copy SRC DST_DIR [--shard-size SIZE] [--base-name NAME]\n"
     "                               rewrite a checkpoint, resharded (SIZE 0: one file)\n"
     "  make OUT_DIR [--preset NAME] [--layers N] [--dim D] ... [--dtype bf16] [--seed S]\n"
+    "       [--components transformer,scheduler,vae] [--vae-preset NAME] [--vae-base-dim N]\n"
     "                               write a random-weight model in the diffusers layout\n";
 
 int inspect(int argc, char** argv) {
@@ -97,6 +100,8 @@ int make(int argc, char** argv) {
   cxxopts::Options opts("dlo-checkpoint make", "Write a random-weight model directory (diffusers layout)");
   std::string presets;
   for (const auto& p : dlo::WanTransformerConfig::preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  std::string vae_presets;
+  for (const auto& p : dlo::WanVaeConfig::preset_names()) vae_presets += (vae_presets.empty() ? "" : ", ") + p;
   opts.add_options()("preset", "transformer shape: " + presets, cxxopts::value<std::string>()->default_value("wan-test"))(
       "layers", "number of blocks", cxxopts::value<std::int64_t>())(
       "dim", "model width (heads x head dim)", cxxopts::value<std::int64_t>())(
@@ -111,7 +116,21 @@ int make(int argc, char** argv) {
       "dtype", "bf16, fp16 or fp32", cxxopts::value<std::string>()->default_value("bf16"))(
       "seed", "random seed", cxxopts::value<std::uint64_t>()->default_value("0"))(
       "shard-size", "max bytes per shard (0: one file)", cxxopts::value<std::string>()->default_value("10GB"))(
-      "components", "comma-separated components", cxxopts::value<std::string>()->default_value("transformer,scheduler"))(
+      "components", "comma-separated components (transformer, scheduler, vae, text_encoder, tokenizer)",
+      cxxopts::value<std::string>()->default_value("transformer,scheduler"))(
+      "vae-preset", "VAE shape: " + vae_presets, cxxopts::value<std::string>()->default_value("wan2.1-vae-small"))(
+      "vae-base-dim", "VAE base_dim (channels of the last decoder stage)", cxxopts::value<std::int64_t>())(
+      "vae-dtype", "VAE weights: fp32, bf16 or fp16", cxxopts::value<std::string>()->default_value("fp32"))(
+      "te-preset", "text encoder shape: umt5-test, umt5-xxl", cxxopts::value<std::string>()->default_value("umt5-test"))(
+      "te-d-model", "text encoder width (default: the transformer's text_dim)", cxxopts::value<std::int64_t>())(
+      "te-layers", "text encoder blocks", cxxopts::value<std::int64_t>())(
+      "te-heads", "text encoder attention heads", cxxopts::value<std::int64_t>())(
+      "te-d-kv", "text encoder head dim", cxxopts::value<std::int64_t>())(
+      "te-d-ff", "text encoder feed-forward width", cxxopts::value<std::int64_t>())(
+      "te-vocab", "text encoder vocab_size", cxxopts::value<std::int64_t>())(
+      "te-buckets", "relative_attention_num_buckets", cxxopts::value<std::int64_t>())(
+      "te-max-distance", "relative_attention_max_distance", cxxopts::value<std::int64_t>())(
+      "te-ff-proj", "feed_forward_proj (gated-gelu, relu, ...)", cxxopts::value<std::string>())(
       "out", "output directory", cxxopts::value<std::string>())("h,help", "help");
   opts.parse_positional({"out"});
   auto args = opts.parse(argc, argv);
@@ -144,9 +163,27 @@ int make(int argc, char** argv) {
     c.attention_head_dim = d / c.num_attention_heads;
   }
   c.validate("make");
-  const std::string dtype = args["dtype"].as<std::string>();
-  const auto st = dlo::parse_compute_dtype(dtype, "--dtype");
-  o.dtype = st == at::kFloat ? dlo::DType::F32 : st == at::kHalf ? dlo::DType::F16 : dlo::DType::BF16;
+  auto to_dtype = [](at::ScalarType st) {
+    return st == at::kFloat ? dlo::DType::F32 : st == at::kHalf ? dlo::DType::F16 : dlo::DType::BF16;
+  };
+  o.dtype = to_dtype(dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype"));
+  o.vae = dlo::WanVaeConfig::preset(args["vae-preset"].as<std::string>());
+  if (args.count("vae-base-dim")) o.vae.base_dim = args["vae-base-dim"].as<std::int64_t>();
+  o.vae.validate("make (VAE)");
+  o.vae_dtype = to_dtype(dlo::parse_compute_dtype(args["vae-dtype"].as<std::string>(), "--vae-dtype"));
+  auto& te = o.text_encoder;
+  te = dlo::Umt5Config::preset(args["te-preset"].as<std::string>());
+  if (!args.count("te-preset") || args["te-preset"].as<std::string>() == "umt5-test") te.d_model = c.text_dim;
+  flag("te-d-model", te.d_model);
+  flag("te-layers", te.num_layers);
+  flag("te-heads", te.num_heads);
+  flag("te-d-kv", te.d_kv);
+  flag("te-d-ff", te.d_ff);
+  flag("te-vocab", te.vocab_size);
+  flag("te-buckets", te.relative_attention_num_buckets);
+  flag("te-max-distance", te.relative_attention_max_distance);
+  if (args.count("te-ff-proj")) te.feed_forward_proj = args["te-ff-proj"].as<std::string>();
+  te.validate("make (text encoder)");
   o.seed = args["seed"].as<std::uint64_t>();
   o.shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");
   o.components = split_commas(args["components"].as<std::string>());

@@ -12,9 +12,19 @@ namespace dlo {
 
 using TensorMap = std::map<std::string, at::Tensor>;
 
+// What a run measured (filled by components that support it; -1 / empty otherwise).
+struct ForwardStats {
+  std::int64_t rss_before_load_kb = -1;
+  std::int64_t rss_after_load_kb = -1;   // after building the model, before the first forward
+  std::int64_t peak_rss_kb = -1;         // VmHWM over the forward passes
+  std::vector<double> forward_seconds;   // one entry per pass
+};
+
 struct ForwardOptions {
   at::ScalarType dtype = at::kFloat;  // compute dtype (weights kept in fp32 where diffusers keeps them)
   std::string prompt;                 // text_encoder: tokenize this instead of reading input_ids
+  int repeat = 1;                     // forward passes to run (timing); the last one's output is returned
+  ForwardStats* stats = nullptr;      // filled when not null
 };
 
 // The components run_component() knows, e.g. {"transformer", "text_encoder", "vae"}.

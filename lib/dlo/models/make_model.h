@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "dlo/io/dtype.h"
+#include "dlo/models/umt5.h"
 #include "dlo/models/wan_transformer.h"
+#include "dlo/models/wan_vae.h"
 
 namespace dlo {
 
@@ -15,7 +17,16 @@ struct MakeModelOptions {
   std::uint64_t seed = 0;
   std::uint64_t shard_bytes = kDiffusersShardBytes;  // per component; 0: one file
   WanTransformerConfig transformer = WanTransformerConfig::preset("wan-test");
-  // Components to write; the known ones: "transformer", "scheduler" (plus model_index.json).
+  // The VAE: small, but with the real Wan2.1 structure (dim_mult [1,2,4,4], 2 res blocks, temporal
+  // upsampling). Written in fp32 unless vae_dtype says otherwise, as the real repos ship it.
+  WanVaeConfig vae = WanVaeConfig::preset("wan2.1-vae-small");
+  DType vae_dtype = DType::F32;
+  // The text encoder (UMT5EncoderModel); its d_model must equal transformer.text_dim when both
+  // are written. "umt5-test": tiny, for the tiny tokenizer (vocab 612) and wan-test (text_dim 16).
+  Umt5Config text_encoder = Umt5Config::preset("umt5-test");
+  // Components to write; the known ones: "transformer", "scheduler", "vae", "text_encoder",
+  // "tokenizer" (a SentencePiece model trained on a built-in text; see dlo/text/tokenizer.h)
+  // (plus model_index.json).
   std::vector<std::string> components{"transformer", "scheduler"};
 };
 
@@ -31,5 +42,12 @@ MakeModelResult make_model(const std::string& dir, const MakeModelOptions& optio
 // Only the transformer: `dir` gets config.json + safetensors (+ index when sharded).
 WriteResult write_random_wan_transformer(const std::string& dir, const WanTransformerConfig& c, DType dtype,
                                          std::uint64_t seed, std::uint64_t shard_bytes);
+
+// Only the VAE: `dir` gets config.json + safetensors (a complete AutoencoderKLWan: encoder too).
+// Convolutions ~ N(0, 1/fan_in) (conv_out 0.5/fan_in, so that the decoded frames mostly stay inside
+// the [-1, 1] clamp), RMS norm gammas 1 + N(0, 0.1^2), biases N(0, 0.02^2); values depend only on
+// (seed, tensor name).
+WriteResult write_random_wan_vae(const std::string& dir, const WanVaeConfig& c, DType dtype, std::uint64_t seed,
+                                 std::uint64_t shard_bytes);
 
 }  // namespace dlo

@@ -284,7 +284,7 @@ at::Tensor attention(const at::Tensor& x, const at::Tensor& kv_src, const at::Te
 // diffusers' get_timestep_embedding(flip_sin_to_cos=True, downscale_freq_shift=0, scale=1), fp32.
 at::Tensor timestep_embedding(const at::Tensor& t, std::int64_t dim) {
   const std::int64_t half = dim / 2;
-  at::Tensor exponent = at::arange(0, half, at::TensorOptions().dtype(at::kFloat)) * (-std::log(10000.0));
+  at::Tensor exponent = at::arange(0, half, at::TensorOptions().dtype(at::kFloat).device(t.device())) * (-std::log(10000.0));
   exponent = exponent / static_cast<double>(half);
   at::Tensor emb = at::exp(exponent);
   emb = t.unsqueeze(1).to(at::kFloat) * emb.unsqueeze(0);
@@ -409,8 +409,9 @@ WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& 
             "encoder_hidden_states must be [", B, ", L, ", c.text_dim, "], got ", context_in.sizes());
 
   const auto dt = compute_;
-  const at::Tensor x = x_in.to(dt);
-  const at::Tensor context = context_in.to(dt);
+  const at::Tensor x = x_in.to(device_, dt);
+  const at::Tensor context = context_in.to(device_, dt);
+  const at::Tensor tsteps = timestep.to(device_);
 
   // RoPE for the F x H x W grid: [1, L, 1, d].
   const std::int64_t d = c.attention_head_dim, hw = 2 * (d / 6), t = d - 2 * hw;
@@ -428,12 +429,27 @@ WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& 
   at::Tensor h = at::conv3d(x, as_dtype(g.patch_w, dt), as_dtype(g.patch_b, dt), {p[0], p[1], p[2]});
   s.h = h.flatten(2).transpose(1, 2).contiguous();
 
-  at::Tensor ts = timestep_embedding(timestep, c.freq_dim).to(g.time1_w.scalar_type());
+  at::Tensor ts = timestep_embedding(tsteps, c.freq_dim).to(g.time1_w.scalar_type());
   at::Tensor temb = at::linear(at::silu(at::linear(ts, g.time1_w, g.time1_b)), g.time2_w, g.time2_b);
   s.temb = temb.to(dt);
   s.tproj = linear(at::silu(s.temb), g.time_proj_w, g.time_proj_b).unflatten(1, {6, -1});
   s.context = linear(at::gelu(linear(context, g.text1_w, g.text1_b), "tanh"), g.text2_w, g.text2_b);
   return s;
+}
+
+void WanTransformer::to_device(at::Device device) {
+  if (device == device_) return;
+  auto& g = global_;
+  for (at::Tensor* t : {&g.patch_w, &g.patch_b, &g.time1_w, &g.time1_b, &g.time2_w, &g.time2_b, &g.time_proj_w,
+                        &g.time_proj_b, &g.text1_w, &g.text1_b, &g.text2_w, &g.text2_b, &g.proj_out_w, &g.proj_out_b,
+                        &g.scale_shift_table, &rope_cos_table_, &rope_sin_table_})
+    *t = t->to(device);
+  for (auto& b : blocks_)
+    for (at::Tensor* t : {&b.q1_w, &b.q1_b, &b.k1_w, &b.k1_b, &b.v1_w, &b.v1_b, &b.o1_w, &b.o1_b, &b.norm_q1, &b.norm_k1,
+                          &b.q2_w, &b.q2_b, &b.k2_w, &b.k2_b, &b.v2_w, &b.v2_b, &b.o2_w, &b.o2_b, &b.norm_q2, &b.norm_k2,
+                          &b.norm2_w, &b.norm2_b, &b.ffn0_w, &b.ffn0_b, &b.ffn2_w, &b.ffn2_b, &b.scale_shift_table})
+      if (t->defined()) *t = t->to(device);
+  device_ = device;
 }
 
 at::Tensor WanTransformer::end(const WanForwardState& s) const {

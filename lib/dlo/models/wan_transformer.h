@@ -120,6 +120,11 @@ class WanTransformer {
 
   const WanBlockWeights& block(std::int64_t i) const { return blocks_.at(static_cast<std::size_t>(i)); }
 
+  // Moves the non-block weights (and resident blocks, if loaded) and the RoPE tables to `device`.
+  // begin() then moves its inputs there too.
+  void to_device(at::Device device);
+  at::Device device() const { return device_; }
+
  private:
   WanTransformer(WanTransformerConfig c, WeightStore store, at::ScalarType compute)
       : config_(c), store_(std::move(store)), compute_(compute) {}
@@ -129,6 +134,7 @@ class WanTransformer {
   WanGlobalWeights global_;
   std::vector<WanBlockWeights> blocks_;
   at::Tensor rope_cos_table_, rope_sin_table_;  // [rope_max_seq_len, head_dim] fp32
+  at::Device device_ = at::kCPU;
 };
 
 }  // namespace dlo

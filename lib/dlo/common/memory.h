@@ -1,0 +1,22 @@
+// Memory of this process as the kernel reports it (Linux /proc).
+#pragma once
+
+#include <cstdint>
+
+namespace dlo {
+
+struct ProcessMemory {
+  std::int64_t rss_kb = -1;       // VmRSS: resident, shared file pages included
+  std::int64_t hwm_kb = -1;       // VmHWM: peak RSS since start or the last reset_peak_rss()
+  std::int64_t pss_kb = -1;       // Pss from smaps_rollup: shared pages divided among the sharers
+  std::int64_t pss_anon_kb = -1;  // private (anonymous) part of PSS
+  std::int64_t pss_file_kb = -1;  // file-backed part of PSS (mmap'ed checkpoints)
+};
+
+// Reads /proc/self/status and /proc/self/smaps_rollup; fields it cannot read stay -1.
+ProcessMemory read_process_memory();
+
+// Resets VmHWM to the current RSS (writes 5 to /proc/self/clear_refs). Returns false if refused.
+bool reset_peak_rss();
+
+}  // namespace dlo

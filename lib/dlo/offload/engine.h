@@ -1,0 +1,92 @@
+// The offload engine: hands a model its blocks' weights, one block at a time, on the compute
+// device, from wherever they are kept.
+//
+//   resident   all blocks on the device once (on the CPU: the checkpoint's mmap views, shared by
+//              every rank through the page cache).
+//   layerwise  every rank keeps the whole stack in (pinned) host memory and copies each block
+//              into one of two device slots just before it runs; no collective.
+//   dlo        every rank keeps 1/N of each block; the block is rebuilt in a device slot by an
+//              in-place AllGather (each rank's shard lands at its own offset: no staging copy).
+//
+// Layerwise and dlo double-buffer: while block i computes from one slot, block i+1 is copied and
+// gathered into the other (CUDA: copy and communication streams with events; CPU: a transfer
+// thread). A slot is never overwritten while compute may still read it. The last block prefetches
+// block 0, so passes, guidance branches and jobs follow each other without a bubble. Nothing is
+// allocated per block; block views into each slot are made once.
+//
+// Collective: with dlo, every rank must call acquire/release (or traverse) for the same blocks
+// in the same order; ranks without work call traverse(nullptr) (a "ghost" pass). Not thread-safe:
+// one thread drives an engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "dlo/offload/stack_plan.h"
+
+namespace dlo {
+
+class Collective;
+
+enum class Strategy { kResident, kLayerwise, kDlo };
+const char* strategy_name(Strategy s);
+
+struct EngineOptions {
+  Strategy strategy = Strategy::kResident;
+  at::Device device = at::kCPU;
+  Collective* collective = nullptr;  // dlo with several ranks; must outlive the engine (its last prefetch uses it)
+  bool keep_page_cache = false;      // layerwise/dlo: keep the checkpoint pages after packing
+  // Test hook (the fault-injection test): throw while transferring this block. -1: never.
+  std::int64_t fail_at_block = -1;
+};
+
+// What the engine did, as data (memory in bytes, time in seconds).
+struct EngineStats {
+  std::string strategy;
+  std::uint64_t host_bytes = 0;      // shard or full-stack bytes this rank keeps
+  std::uint64_t pinned_bytes = 0;    // of which page-locked (CUDA)
+  std::uint64_t slot_bytes = 0;      // one device slot
+  std::uint64_t device_bytes = 0;    // device memory the engine holds (slots or resident blocks)
+  std::uint64_t blocks_acquired = 0;
+  std::uint64_t bytes_streamed = 0;  // block bytes brought to the device (0 when resident)
+  std::uint64_t bytes_gathered = 0;  // bytes received through the collective
+  double exposed_wait_s = 0;         // time compute waited for a block's transfer
+  double pack_s = 0;                 // building the shards at start
+};
+
+class BlockEngine {
+ public:
+  // Builds the host copies (packing this rank's shard of every block for dlo, every block for
+  // layerwise, reading only those checkpoint bytes, then releasing those pages) and allocates the
+  // two slots. Not collective itself; callers check first that all ranks planned the same layout
+  // (StackPlan::fingerprint), see offload/runner.h.
+  BlockEngine(const StackPlan& plan, const EngineOptions& options);
+  ~BlockEngine();
+  BlockEngine(const BlockEngine&) = delete;
+  BlockEngine& operator=(const BlockEngine&) = delete;
+
+  std::int64_t num_blocks() const;
+  Strategy strategy() const;
+
+  // Block i's tensors (StackPlan::block(i) order) on the device, ready for work enqueued on the
+  // current compute stream. Starts the transfer of block i+1 (mod n). Blocks must be visited in
+  // ring order 0, 1, ..., n-1, 0, ... with release(i) before acquire(i+1).
+  const std::vector<at::Tensor>& acquire(std::int64_t i);
+  // Work reading block i has been enqueued; its slot may be refilled once that work is done.
+  void release(std::int64_t i);
+  // One pass over all blocks: acquire(i), compute(i, weights) unless compute is null, release(i).
+  void traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute);
+
+  EngineStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dlo

@@ -1,0 +1,128 @@
+#include "dlo/offload/runner.h"
+
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include "dlo/common/bytes.h"
+#include "dlo/common/error.h"
+#include "dlo/dist/mpi_world.h"
+#include "dlo/models/wan_transformer.h"
+
+#ifdef DLO_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dlo {
+namespace {
+
+std::uint64_t available_host_bytes() {
+  long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+
+std::uint64_t free_device_bytes(at::Device device) {
+#ifdef DLO_HAVE_CUDA
+  if (device.is_cuda()) {
+    std::size_t free = 0, total = 0;
+    if (cudaSetDevice(device.index()) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess) return free;
+  }
+#endif
+  return 0;
+}
+
+DType packed_dtype_for(at::ScalarType st) {
+  switch (st) {
+    case at::kFloat: return DType::F32;
+    case at::kBFloat16: return DType::BF16;
+    case at::kHalf: return DType::F16;
+    default: break;
+  }
+  DLO_CHECK(false, "unsupported compute dtype ", c10::toString(st));
+}
+
+}  // namespace
+
+StrategyChoice choose_strategy(const std::string& requested, std::uint64_t weight_bytes, std::uint64_t working_bytes,
+                               at::Device device, int ranks) {
+  if (requested == "resident") return {Strategy::kResident, "requested"};
+  if (requested == "layerwise") return {Strategy::kLayerwise, "requested"};
+  if (requested == "dlo") return {Strategy::kDlo, "requested"};
+  DLO_CHECK(requested == "auto", "--offload: unknown strategy '", requested, "' (auto, resident, layerwise, dlo)");
+  const std::uint64_t need = weight_bytes + working_bytes;
+  if (device.is_cpu()) {
+    // On the CPU the resident weights are the checkpoint's page cache, one copy shared by all ranks.
+    const std::uint64_t avail = available_host_bytes();
+    if (need + need / 10 <= avail || avail == 0)
+      return {Strategy::kResident, str("weights ", human_bytes(weight_bytes), " + working ", human_bytes(working_bytes),
+                                       " fit in available host memory ", human_bytes(avail),
+                                       " (mmap views, shared by the ranks of a node)")};
+    if (ranks > 1)
+      return {Strategy::kDlo, str("weights ", human_bytes(weight_bytes), " do not fit in available host memory ",
+                                  human_bytes(avail), "; sharding 1/", ranks, " per rank")};
+    return {Strategy::kLayerwise, str("weights do not fit in available host memory ", human_bytes(avail),
+                                      " and there is one rank")};
+  }
+  const std::uint64_t free = free_device_bytes(device);
+  if (need + need / 10 <= free)
+    return {Strategy::kResident, str("weights ", human_bytes(weight_bytes), " + working ", human_bytes(working_bytes),
+                                     " fit in free device memory ", human_bytes(free), " with a 10% margin")};
+  if (ranks > 1)
+    return {Strategy::kDlo, str("weights ", human_bytes(weight_bytes), " exceed free device memory ",
+                                human_bytes(free), "; ", ranks, " ranks share the host copy 1/", ranks, " each")};
+  return {Strategy::kLayerwise,
+          str("weights ", human_bytes(weight_bytes), " exceed free device memory ", human_bytes(free), "; one rank")};
+}
+
+WaveSchedule agree_wave(const MpiWorld& world, std::int64_t my_passes, std::uint64_t fingerprint) {
+  DLO_CHECK(my_passes >= 0, "a rank's pass count must be >= 0");
+  WaveSchedule w;
+  w.passes = world.allgather(my_passes);
+  auto prints = world.allgather(static_cast<std::int64_t>(fingerprint));
+  for (int r = 1; r < world.size(); ++r)
+    DLO_CHECK(prints[r] == prints[0], "rank ", r, " planned a different block layout than rank 0 (fingerprint ",
+              prints[r], " vs ", prints[0], "): all ranks must load the same checkpoint with the same dtype");
+  for (auto p : w.passes) w.length = std::max(w.length, p);
+  return w;
+}
+
+WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks) : model_(model) {
+  const auto& c = model.config();
+  const auto compute = model.compute_dtype();
+  const auto names = wan_block_tensor_names(c);
+  std::vector<std::vector<std::string>> blocks;
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    std::vector<std::string> b;
+    for (const auto& n : names) b.push_back("blocks." + std::to_string(i) + "." + n);
+    blocks.push_back(std::move(b));
+  }
+  // Packed in the dtype the model computes each tensor in, so no conversion happens per block.
+  auto dtype = [&](const std::string& full) {
+    const std::string rel = full.substr(full.find('.', 7) + 1);  // drop "blocks.N."
+    return packed_dtype_for(wan_weight_dtype(rel, compute));
+  };
+  plan_ = std::make_unique<StackPlan>(model.weights().checkpoint(), blocks, dtype, ranks);
+}
+
+void WanOffloadRunner::start(EngineOptions options, std::unique_ptr<Collective> collective) {
+  collective_ = std::move(collective);
+  if (collective_) options.collective = collective_.get();
+  engine_ = std::make_unique<BlockEngine>(*plan_, options);
+}
+
+std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInputs>& branches) {
+  const auto& c = model_.config();
+  std::vector<WanForwardState> states;
+  for (const auto& b : branches) states.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
+  engine_->traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {
+    const WanBlockWeights bw = WanBlockWeights::bind(w, c);
+    for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);
+  });
+  std::vector<at::Tensor> out;
+  for (const auto& s : states) out.push_back(model_.end(s));
+  return out;
+}
+
+void WanOffloadRunner::ghost() { engine_->traverse(nullptr); }
+
+}  // namespace dlo

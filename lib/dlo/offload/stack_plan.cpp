@@ -1,0 +1,115 @@
+#include "dlo/offload/stack_plan.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ATen.h>
+
+#include "dlo/common/error.h"
+#include "dlo/io/tensor_view.h"
+
+namespace dlo {
+namespace {
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+StackPlan::StackPlan(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
+                     const std::function<DType(const std::string&)>& packed_dtype, int ranks)
+    : ck_(&ck), ranks_(ranks) {
+  DLO_CHECK(ranks >= 1, "ranks must be >= 1");
+  for (const auto& names : blocks) {
+    BlockPlan b;
+    std::uint64_t offset = 0;
+    for (const auto& name : names) {
+      PackedTensor t;
+      t.name = name;
+      t.source = &ck.at(name);
+      t.dtype = packed_dtype(name);
+      t.shape = t.source->shape;
+      t.offset = round_up(offset, kTensorAlign);
+      t.nbytes = static_cast<std::uint64_t>(t.source->numel()) * dtype_size(t.dtype);
+      offset = t.offset + t.nbytes;
+      b.tensors.push_back(std::move(t));
+    }
+    b.bytes = offset;
+    blocks_.push_back(std::move(b));
+  }
+}
+
+std::uint64_t StackPlan::shard_bytes(std::int64_t i) const {
+  const std::uint64_t n = static_cast<std::uint64_t>(ranks_);
+  return round_up((block(i).bytes + n - 1) / n, kShardAlign);
+}
+
+std::uint64_t StackPlan::slot_bytes() const {
+  std::uint64_t m = 0;
+  for (std::int64_t i = 0; i < num_blocks(); ++i) m = std::max(m, padded_bytes(i));
+  return m;
+}
+
+std::uint64_t StackPlan::total_bytes() const {
+  std::uint64_t s = 0;
+  for (const auto& b : blocks_) s += b.bytes;
+  return s;
+}
+
+std::uint64_t StackPlan::fingerprint() const {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) {
+    for (int k = 0; k < 8; ++k) {
+      h ^= (v >> (8 * k)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<std::uint64_t>(ranks_));
+  for (const auto& b : blocks_) {
+    mix(b.bytes);
+    for (const auto& t : b.tensors) {
+      for (unsigned char c : t.name) mix(c);
+      mix(static_cast<std::uint64_t>(t.dtype));
+      mix(t.offset);
+      for (auto d : t.shape) mix(static_cast<std::uint64_t>(d));
+    }
+  }
+  return h;
+}
+
+void StackPlan::pack(std::int64_t i, std::uint64_t begin, std::uint64_t end, std::byte* out,
+                     bool release_pages) const {
+  DLO_ASSERT(begin <= end);
+  std::memset(out, 0, end - begin);  // alignment gaps and the padding past the block's end
+  for (const auto& t : block(i).tensors) {
+    const std::uint64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.nbytes);
+    if (lo >= hi) continue;
+    const SafetensorsFile& file = ck_->file_of(*t.source);
+    const std::byte* src = file.data(*t.source);
+    const std::size_t out_elem = dtype_size(t.dtype), in_elem = dtype_size(t.source->dtype);
+    // Shard boundaries are multiples of kShardAlign and tensors start at multiples of
+    // kTensorAlign, so [lo, hi) always covers whole elements.
+    DLO_ASSERT((lo - t.offset) % out_elem == 0 && (hi - t.offset) % out_elem == 0);
+    const std::uint64_t first = (lo - t.offset) / out_elem, count = (hi - lo) / out_elem;
+    const std::byte* in = src + first * in_elem;
+    if (t.dtype == t.source->dtype) {
+      std::memcpy(out + (lo - begin), in, hi - lo);
+    } else {
+      at::Tensor from = at::from_blob(const_cast<std::byte*>(in), {static_cast<std::int64_t>(count)},
+                                      at::TensorOptions().dtype(to_scalar_type(t.source->dtype)));
+      at::Tensor to = at::from_blob(out + (lo - begin), {static_cast<std::int64_t>(count)},
+                                    at::TensorOptions().dtype(to_scalar_type(t.dtype)));
+      to.copy_(from);
+    }
+    if (release_pages) file.mapping()->release_pages(t.source->offset + first * in_elem, count * in_elem);
+  }
+}
+
+std::vector<at::Tensor> StackPlan::views(std::int64_t i, std::byte* base, at::Device device) const {
+  std::vector<at::Tensor> out;
+  for (const auto& t : block(i).tensors)
+    out.push_back(at::from_blob(base + t.offset, t.shape,
+                                at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(device)));
+  return out;
+}
+
+}  // namespace dlo

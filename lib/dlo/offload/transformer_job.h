@@ -1,0 +1,41 @@
+// dlo-forward's distributed path: Wan transformer forward passes on every rank through the
+// offload engine, with per-rank measurements gathered to rank 0.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace dlo {
+
+class MpiWorld;
+
+struct TransformerJobOptions {
+  std::string model_dir;                 // model root (holds transformer/)
+  at::ScalarType dtype = at::kFloat;
+  std::string offload = "auto";          // auto | resident | layerwise | dlo
+  std::string device = "auto";           // auto | cpu | cuda | cuda:N
+  std::int64_t passes = 1;               // forward passes of this rank (same inputs each time)
+  std::vector<std::int64_t> rank_passes; // if set: passes per rank (overrides `passes`), e.g. {2, 0, 1}
+  bool guidance = false;                 // also run the negative context (input negative_encoder_hidden_states)
+  bool keep_page_cache = false;
+  std::int64_t fail_at_block = -1;       // test hook: this rank's transfer of that block throws
+  int fail_rank = -1;                    // ... on this rank only (-1: every rank)
+};
+
+struct TransformerJobResult {
+  std::map<std::string, at::Tensor> outputs;  // this rank's last pass: "output" (+ "output_negative")
+  std::string choice;                         // "offload: dlo (reason)" for the log
+  std::string report_json;                    // rank 0: every rank's measurements; others: empty
+};
+
+// Collective: every rank calls it. Throws dlo::Error for bad input found before the wave starts
+// (on every rank alike where it concerns shared input). A failure inside the wave ends every
+// rank through MpiWorld::abort (the others would otherwise wait in a gather).
+TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<std::string, at::Tensor>& inputs,
+                                         const TransformerJobOptions& options);
+
+}  // namespace dlo

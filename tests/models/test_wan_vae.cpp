@@ -1,0 +1,298 @@
+// dlo/models/wan_vae.h: config checks, tensor list, weights as views, input checks, causal-cache
+// algebra, frame streaming. Numerical parity with diffusers is in tools/reference/wan_vae_parity.py
+// (label parity).
+#include "common/doctest_torch.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/test_util.h"
+#include "dlo/common/error.h"
+#include "dlo/models/component.h"
+#include "dlo/models/json_config.h"
+#include "dlo/models/make_model.h"
+#include "dlo/models/wan_vae.h"
+
+using namespace dlo;
+using dlo::test::TempDir;
+
+namespace {
+
+std::string config_error(const std::string& json) {
+  try {
+    WanVaeConfig::from_json(JsonConfig::parse(json, "vae/config.json"));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::int64_t param_count(const WanVaeConfig& c, bool include_encoder = true) {
+  std::int64_t n = 0;
+  for (const auto& s : wan_vae_specs(c, DType::F32, include_encoder)) n += static_cast<std::int64_t>(s.nbytes() / 4);
+  return n;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).norm().item<double>() / b.to(at::kDouble).norm().item<double>();
+}
+
+// A random conv with weights ~ N(0, 1/fan_in).
+WanVaeConv random_conv(std::int64_t out, std::int64_t in, std::int64_t kt, std::int64_t kh, std::int64_t kw) {
+  return {at::randn({out, in, kt, kh, kw}) / std::sqrt(static_cast<double>(in * kt * kh * kw)), at::randn({out}) * 0.1};
+}
+
+}  // namespace
+
+TEST_CASE("config.json errors name the file and the field") {
+  CHECK(config_error(R"({"is_residual": true})") ==
+        "vae/config.json: field 'is_residual' is true (the Wan2.2 VAE); only the Wan2.1 VAE is supported");
+  CHECK(contains(config_error(R"({"patch_size": 2})"), "vae/config.json: field 'patch_size' is 2 (the Wan2.2 VAE)"));
+  CHECK(contains(config_error(R"({"clip_output": true})"), "vae/config.json: unknown field 'clip_output'"));
+  CHECK(config_error(R"({"z_dim": "sixteen"})") == "vae/config.json: field 'z_dim' must be an integer, got \"sixteen\"");
+  CHECK(config_error(R"({"z_dim": 4})") == "vae/config.json: field 'latents_mean' has 16 entries, z_dim is 4");
+  CHECK(contains(config_error(R"({"latents_std": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]})"),
+                 "field 'latents_std' must hold positive numbers, got 0"));
+  CHECK(contains(config_error(R"({"temperal_downsample": [false, true]})"),
+                 "field 'temperal_downsample' has 2 entries; dim_mult [1, 2, 4, 4] needs 3"));
+  CHECK(contains(config_error(R"({"temperal_downsample": [0, 1, 1]})"),
+                 "field 'temperal_downsample' must be a list of true/false, got [0,1,1]"));
+  CHECK(contains(config_error(R"({"scale_factor_temporal": 8})"),
+                 "field 'scale_factor_temporal' is 8, but temperal_downsample gives 4"));
+  CHECK(contains(config_error(R"({"dim_mult": [1, 2, 4]})"), "'temperal_downsample' has 3 entries"));
+  CHECK(contains(config_error(R"({"dim_mult": [1, 2, 4], "temperal_downsample": [true, true], "scale_factor_spatial": 8})"),
+                 "field 'scale_factor_spatial' is 8, but dim_mult (2 spatial up/downsamplings) gives 4"));
+  CHECK(contains(config_error(R"({"base_dim": 1, "dim_mult": [1, 1, 1, 1]})"),
+                 "decoder up block 0 has 1 channels; its upsampler's dim // 2 would be 0"));
+  CHECK(contains(config_error(R"({"num_res_blocks": 0})"), "field 'num_res_blocks' must be a positive integer, got 0"));
+  CHECK(contains(config_error(R"({"_class_name": "AutoencoderKLLTXVideo"})"), "expected 'AutoencoderKLWan'"));
+  CHECK(contains(config_error(R"({"dropout": 1.5})"), "field 'dropout' must be in [0, 1), got 1.5"));
+  // Absent scale factors follow the structure.
+  const auto derived = WanVaeConfig::from_json(
+      JsonConfig::parse(R"({"dim_mult": [1, 2, 4], "temperal_downsample": [true, false]})", "x"));
+  CHECK(derived.scale_factor_spatial == 4);
+  CHECK(derived.scale_factor_temporal == 2);
+  CHECK(derived.output_frames(3) == 5);
+  // diffusers writes nulls for unset optional fields, and private "_" keys.
+  CHECK(config_error(R"({"decoder_base_dim": null, "patch_size": null, "is_residual": false, "_name_or_path": "x",
+                         "scale_factor_temporal": null})") == "(no error)");
+}
+
+TEST_CASE("the Wan2.1 VAE's own config.json reads as the wan2.1-vae preset; presets round-trip") {
+  // vae/config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (written by diffusers 0.33, before the
+  // scale_factor_* and Wan2.2 fields existed).
+  const std::string hub = R"({
+    "_class_name": "AutoencoderKLWan", "_diffusers_version": "0.33.0.dev0", "attn_scales": [], "base_dim": 96,
+    "dim_mult": [1, 2, 4, 4], "dropout": 0.0,
+    "latents_mean": [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517,
+                     -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
+    "latents_std": [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
+                    1.6382, 1.1253, 2.8251, 1.916],
+    "num_res_blocks": 2, "temperal_downsample": [false, true, true], "z_dim": 16})";
+  const auto c = WanVaeConfig::from_json(JsonConfig::parse(hub, "hub"));
+  CHECK(c.to_json() == WanVaeConfig::preset("wan2.1-vae").to_json());
+  CHECK(c.scale_factor_temporal == 4);
+  CHECK(c.scale_factor_spatial == 8);
+  CHECK(c.decoder_dims() == std::vector<std::int64_t>{384, 384, 384, 192, 96});
+  CHECK(c.output_frames(21) == 81);
+  CHECK(c.output_frames(1) == 1);
+  for (const auto& name : WanVaeConfig::preset_names()) {
+    CAPTURE(name);
+    const auto p = WanVaeConfig::preset(name);
+    CHECK(WanVaeConfig::from_json(JsonConfig::parse(p.to_json(), name)).to_json() == p.to_json());
+  }
+}
+
+TEST_CASE("the tensor list is diffusers' AutoencoderKLWan state_dict (counts from diffusers 0.42.1)") {
+  // Numbers from sum(p.numel()) / len(state_dict()) of AutoencoderKLWan(**config) in diffusers.
+  const auto real = WanVaeConfig::preset("wan2.1-vae");
+  CHECK(param_count(real) == 126'892'531);
+  CHECK(param_count(real, false) == 73'295'603);  // decoder + post_quant_conv (wan-spec 5.3)
+  CHECK(wan_vae_specs(real, DType::F32).size() == 194);
+  CHECK(param_count(WanVaeConfig::preset("wan-vae-test")) == 13'861);
+  CHECK(param_count(WanVaeConfig::preset("wan-vae-test"), false) == 6'581);
+  CHECK(wan_vae_specs(WanVaeConfig::preset("wan-vae-test"), DType::F32).size() == 146);
+  CHECK(param_count(WanVaeConfig::preset("wan2.1-vae-small")) == 3'602'371);
+  auto attn = WanVaeConfig::preset("wan-vae-test");
+  attn.attn_scales = {1.0, 0.25};  // encoder attention after res blocks at those scales
+  CHECK(param_count(attn) == 13'963);
+  CHECK(wan_vae_specs(attn, DType::F32).size() == 156);
+  WanVaeConfig odd;
+  odd.base_dim = 4;
+  odd.decoder_base_dim = 6;
+  odd.dim_mult = {1, 2, 2};
+  odd.temperal_downsample = {true, false};
+  odd.scale_factor_temporal = 2;
+  odd.scale_factor_spatial = 4;
+  odd.validate("odd");
+  CHECK(param_count(odd) == 106'701);
+  CHECK(wan_vae_specs(odd, DType::F32).size() == 154);
+}
+
+TEST_CASE("decoder weights in the compute dtype are views into the checkpoint mapping, not copies") {
+  TempDir dir;
+  write_random_wan_vae(dir.file("vae"), WanVaeConfig::preset("wan-vae-test"), DType::F32, 7, 0);
+  auto m = WanVae::load(dir.file("vae"), at::kFloat);
+  const auto& map = m.weights().checkpoint().files()[0]->mapping();
+  auto inside = [&](const at::Tensor& t) {
+    const auto* p = static_cast<const std::byte*>(t.data_ptr());
+    return p >= map->data() && p + t.nbytes() <= map->data() + map->size();
+  };
+  const auto& w = m.decoder();
+  CHECK(inside(w.conv_in.w));
+  CHECK(inside(w.mid_attn.to_qkv.w));
+  CHECK(inside(w.up_blocks[0].time_conv.w));
+  CHECK(inside(w.up_blocks[1].resnets[0].shortcut.w));
+  CHECK(inside(w.norm_out));
+  CHECK(inside(w.conv_out.b));
+  CHECK(w.up_blocks[0].mode == WanVaeUpsample::kTemporal);
+  CHECK(w.up_blocks[2].mode == WanVaeUpsample::kSpatial);
+  CHECK(w.up_blocks[3].mode == WanVaeUpsample::kNone);
+  CHECK_FALSE(w.up_blocks[0].resnets[0].shortcut.w.defined());  // 3 -> 3: identity shortcut
+  // Another compute dtype: converted copies.
+  auto half = WanVae::load(dir.file("vae"), at::kBFloat16);
+  CHECK((half.decoder().conv_in.w.scalar_type() == at::kBFloat16));
+  CHECK_FALSE(inside(half.decoder().conv_in.w));
+}
+
+TEST_CASE("a checkpoint that disagrees with its config is refused, naming the tensor and the folder") {
+  TempDir dir;
+  auto c = WanVaeConfig::preset("wan-vae-test");
+  write_random_wan_vae(dir.file("vae"), c, DType::F32, 1, 0);
+  c.base_dim = 4;
+  std::ofstream(dir.file("vae/config.json")) << c.to_json();
+  try {
+    WanVae::load(dir.file("vae"), at::kFloat);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    CHECK_MESSAGE(contains(msg, "tensor 'decoder.conv_in.weight' has shape [3, 16, 3, 3, 3], the config implies [4, 16, 3, 3, 3]"),
+                  msg);
+    CHECK(msg.find("loading vae '" + dir.file("vae") + "'") == 0);
+  }
+  std::ofstream(dir.file("vae/config.json")) << R"({"is_residual": true})";
+  const std::string want = dir.file("vae/config.json") + ": field 'is_residual' is true";
+  CHECK_THROWS_WITH_AS(WanVae::load(dir.file("vae"), at::kFloat), doctest::Contains(want.c_str()), Error);
+}
+
+TEST_CASE("bad latents are refused with the input named") {
+  TempDir dir;
+  write_random_wan_vae(dir.file("m/vae"), WanVaeConfig::preset("wan-vae-test"), DType::F32, 1, 0);
+  auto m = WanVae::load(dir.file("m/vae"), at::kFloat);
+  CHECK_THROWS_WITH_AS(m.decode(at::randn({1, 15, 2, 4, 4})),
+                       "latents must be [B, 16, F, H, W], got [1, 15, 2, 4, 4]", Error);
+  CHECK_THROWS_WITH_AS(m.decode(at::randn({16, 2, 4, 4})), doctest::Contains("latents must be [B, 16, F, H, W]"), Error);
+  CHECK_THROWS_WITH_AS(m.denormalize(at::randn({1, 16, 0, 4, 4})), "latents is empty: [1, 16, 0, 4, 4]", Error);
+  CHECK_THROWS_WITH_AS(m.decode(at::zeros({1, 16, 1, 2, 2}, at::kLong)),
+                       doctest::Contains("latents must be floating point"), Error);
+  // Through dlo-forward's entry point: the component and the key are named.
+  CHECK_THROWS_WITH_AS(run_component(dir.file("m"), "vae", {{"hidden_states", at::randn({1, 16, 1, 2, 2})}}, {}),
+                       "vae: inputs lack 'latents'", Error);
+  CHECK_THROWS_WITH_AS(run_component(dir.file("m"), "vae", {{"latents", at::randn({1, 16, 1, 2})}}, {}),
+                       doctest::Contains("vae decode: latents must be [B, 16, F, H, W], got [1, 16, 1, 2]"), Error);
+}
+
+TEST_CASE("a causal conv run chunk by chunk with its cache equals the conv over all frames with 2 zero frames in front") {
+  at::manual_seed(3);
+  const auto conv = random_conv(5, 4, 3, 3, 3);
+  const at::Tensor x = at::randn({2, 4, 7, 5, 6});
+  // By hand: zero-pad 2 frames in front, 1 pixel around, then a plain conv3d over the whole stream.
+  const at::Tensor whole = at::conv3d(at::constant_pad_nd(x, {1, 1, 1, 1, 2, 0}, 0.0), conv.w, conv.b);
+  WanCausalCache cache;
+  std::vector<at::Tensor> parts;
+  std::int64_t t = 0;
+  for (std::int64_t n : {1, 1, 2, 3}) {  // chunk sizes, as the decoder's stages see them
+    parts.push_back(wan_cached_causal_conv3d(x.narrow(2, t, n), conv, {1, 1, 1}, cache));
+    t += n;
+    CHECK(cache.frames.size(2) == std::min<std::int64_t>(t, 2));
+    CHECK(at::equal(cache.frames, x.narrow(2, t - cache.frames.size(2), cache.frames.size(2))));
+  }
+  CHECK(rel_err(at::cat(parts, 2), whole) < 1e-6);
+  // A kernel with no time extent ignores any history.
+  const auto pointwise = random_conv(3, 4, 1, 1, 1);
+  CHECK(at::equal(wan_causal_conv3d(x, pointwise, {0, 0, 0}, x.narrow(2, 0, 2)), wan_causal_conv3d(x, pointwise, {0, 0, 0})));
+}
+
+TEST_CASE("RMS norm and de-normalisation computed by hand") {
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({2, 6, 3, 4, 5});
+  const at::Tensor gamma = 1 + 0.1 * at::randn({6, 1, 1, 1});
+  const at::Tensor want = x / x.pow(2).sum(1, true).sqrt() * std::sqrt(6.0) * gamma;
+  CHECK(rel_err(wan_vae_rms_norm(x, gamma), want) < 1e-6);
+  // bf16 input: normalised in fp32, result in bf16.
+  const at::Tensor xb = x.to(at::kBFloat16);
+  CHECK((wan_vae_rms_norm(xb, gamma.to(at::kBFloat16)).scalar_type() == at::kBFloat16));
+  CHECK(rel_err(wan_vae_rms_norm(xb, gamma.to(at::kBFloat16)), want) < 1e-2);
+
+  TempDir dir;
+  auto c = WanVaeConfig::preset("wan-vae-test");
+  write_random_wan_vae(dir.file("vae"), c, DType::F32, 1, 0);
+  auto m = WanVae::load(dir.file("vae"), at::kFloat);
+  const at::Tensor lat = at::randn({1, 16, 2, 3, 3});
+  const at::Tensor mean = at::tensor(std::vector<double>(c.latents_mean)).view({1, 16, 1, 1, 1});
+  const at::Tensor std_ = at::tensor(std::vector<double>(c.latents_std)).view({1, 16, 1, 1, 1});
+  const at::Tensor z = m.denormalize(lat);
+  CHECK((z.scalar_type() == at::kFloat));
+  CHECK(rel_err(z, lat.to(at::kDouble) * std_ + mean) < 1e-6);
+}
+
+TEST_CASE("decoding is causal: the first k latent frames decode to the first 1 + 4 (k - 1) frames, bit for bit") {
+  TempDir dir;
+  write_random_wan_vae(dir.file("vae"), WanVaeConfig::preset("wan-vae-test"), DType::F32, 5, 0);
+  auto m = WanVae::load(dir.file("vae"), at::kFloat);
+  at::manual_seed(5);
+  const at::Tensor z = m.denormalize(at::randn({2, 16, 4, 3, 5}));
+  const at::Tensor all = m.decode(z);
+  REQUIRE(all.sizes() == at::IntArrayRef{2, 3, 13, 24, 40});
+  for (std::int64_t k = 1; k <= 3; ++k) {
+    CAPTURE(k);
+    CHECK(at::equal(m.decode(z.narrow(2, 0, k)), all.narrow(2, 0, 1 + 4 * (k - 1))));
+  }
+  // Random weights give frames that neither vanish nor saturate the clamp.
+  const double sd = all.std().item<double>();
+  CHECK(sd > 0.05);
+  CHECK(sd < 0.7);
+  CHECK(all.abs().max().item<double>() <= 1.0);
+  // Streaming yields the same frames chunk by chunk: 1 frame, then 4 per latent frame.
+  std::vector<std::int64_t> firsts, counts;
+  std::vector<at::Tensor> parts;
+  m.decode_frames(z, [&](std::int64_t first, const at::Tensor& frames) {
+    firsts.push_back(first);
+    counts.push_back(frames.size(2));
+    parts.push_back(frames.clone());
+  });
+  CHECK(firsts == std::vector<std::int64_t>{0, 1, 5, 9});
+  CHECK(counts == std::vector<std::int64_t>{1, 4, 4, 4});
+  CHECK(at::equal(at::cat(parts, 2), all));
+}
+
+TEST_CASE("dlo-checkpoint make writes the VAE with its model_index entry, deterministic by seed") {
+  TempDir dir;
+  MakeModelOptions o;
+  o.components = {"transformer", "scheduler", "vae"};
+  o.vae = WanVaeConfig::preset("wan-vae-test");
+  o.seed = 11;
+  make_model(dir.file("a"), o);
+  make_model(dir.file("b"), o);
+  o.seed = 12;
+  make_model(dir.file("c"), o);
+  std::ifstream in(dir.file("a/model_index.json"));
+  const auto index = nlohmann::json::parse(in);
+  CHECK(index["vae"] == nlohmann::json::array({"diffusers", "AutoencoderKLWan"}));
+  CHECK(index["transformer"] == nlohmann::json::array({"diffusers", "WanTransformer3DModel"}));
+  auto a = WanVae::load(dir.file("a/vae"), at::kFloat);
+  auto b = WanVae::load(dir.file("b/vae"), at::kFloat);
+  auto c = WanVae::load(dir.file("c/vae"), at::kFloat);
+  CHECK(a.config().to_json() == o.vae.to_json());
+  CHECK(at::equal(a.decoder().conv_out.w, b.decoder().conv_out.w));
+  CHECK_FALSE(at::equal(a.decoder().conv_out.w, c.decoder().conv_out.w));
+  // The default make config has the real structure at a small width.
+  const WanVaeConfig d = MakeModelOptions{}.vae;
+  CHECK(d.dim_mult == std::vector<std::int64_t>{1, 2, 4, 4});
+  CHECK(d.num_res_blocks == 2);
+  CHECK(d.temperal_downsample == std::vector<bool>{false, true, true});
+}

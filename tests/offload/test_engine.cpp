@@ -1,0 +1,172 @@
+// The offload engine under mpirun -np 1..4: every strategy gives bitwise the same result as the
+// resident model, with guidance, over consecutive passes, with ranks that have less or no work;
+// blocks of different sizes and dtypes are gathered exactly.
+#include "common/doctest_torch.h"
+
+#include <filesystem>
+
+#include "common/test_util.h"
+#include "dlo/common/error.h"
+#include "dlo/dist/collective.h"
+#include "dlo/dist/mpi_world.h"
+#include "dlo/io/safetensors_writer.h"
+#include "dlo/io/tensor_view.h"
+#include "dlo/models/make_model.h"
+#include "dlo/models/random_weights.h"
+#include "dlo/models/wan_transformer.h"
+#include "dlo/offload/engine.h"
+#include "dlo/offload/runner.h"
+
+using namespace dlo;
+
+namespace {
+
+// The MpiWorld made by main(): MPI is already initialised, so this one only reads the facts.
+const MpiWorld& world() {
+  static MpiWorld w(nullptr, nullptr);
+  return w;
+}
+
+// A directory rank 0 creates and every rank uses (all ranks of these tests share one machine).
+class SharedDir {
+ public:
+  SharedDir() {
+    if (world().rank() == 0) path_ = dir_.path().string();
+    path_ = world().broadcast_string(path_);
+  }
+  std::string file(const std::string& n) const { return path_ + "/" + n; }
+
+ private:
+  dlo::test::TempDir dir_;  // rank 0's is the one used; the others' are empty and removed
+  std::string path_;
+};
+
+std::unique_ptr<Collective> collective_for(Strategy s) {
+  return s == Strategy::kDlo && world().size() > 1 ? make_mpi_collective(world()) : nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("Wan forward through resident, layerwise and dlo engines equals the resident model bit for bit") {
+  SharedDir dir;
+  auto c = WanTransformerConfig::preset("wan-test");
+  c.num_layers = 5;  // odd: slot parity flips between passes
+  if (world().rank() == 0) write_random_wan_transformer(dir.file("t"), c, DType::F32, 11, 4096);  // sharded files
+  world().barrier();
+
+  // This rank's own request: different latents per rank, two guidance branches.
+  at::manual_seed(100 + world().rank());
+  WanBranchInputs cond{at::randn({1, 4, 2, 4, 6}), at::tensor({100 + 200 * world().rank()}, at::kLong), at::randn({1, 5, 16})};
+  WanBranchInputs uncond{cond.hidden_states, cond.timestep, at::randn({1, 5, 16})};
+
+  auto reference = WanTransformer::load(dir.file("t"), at::kFloat);
+  const at::Tensor want_cond = reference.forward(cond.hidden_states, cond.timestep, cond.encoder_hidden_states);
+  const at::Tensor want_uncond = reference.forward(uncond.hidden_states, uncond.timestep, uncond.encoder_hidden_states);
+
+  for (Strategy s : {Strategy::kResident, Strategy::kLayerwise, Strategy::kDlo}) {
+    CAPTURE(strategy_name(s));
+    auto model = WanTransformer::load(dir.file("t"), at::kFloat, /*load_blocks=*/false);
+    WanOffloadRunner runner(model, world().size());
+    // Rank r has r % 3 passes (2 alone): some ranks compute 2, some 1, some none (ghosts).
+    const std::int64_t mine = world().size() == 1 ? 2 : world().rank() % 3;
+    const WaveSchedule wave = agree_wave(world(), mine, runner.plan().fingerprint());
+    CHECK(wave.length == world().allreduce_max(mine));
+    EngineOptions eo;
+    eo.strategy = s;
+    runner.start(eo, collective_for(s));
+    for (std::int64_t p = 0; p < wave.length; ++p) {
+      if (p < mine) {
+        auto out = runner.forward({cond, uncond});
+        CHECK(at::equal(out[0], want_cond));
+        CHECK(at::equal(out[1], want_uncond));
+      } else {
+        runner.ghost();
+      }
+    }
+    // A second wave in which every rank computes, one branch only: still equal.
+    CHECK(at::equal(runner.forward({cond})[0], want_cond));
+
+    const EngineStats st = runner.engine().stats();
+    if (s == Strategy::kResident) {
+      CHECK(st.bytes_streamed == 0);
+    } else {
+      // Guidance streams each block once per pass: bytes per traversal == the stack's bytes.
+      const std::uint64_t traversals = st.blocks_acquired / static_cast<std::uint64_t>(c.num_layers);
+      CHECK(st.bytes_streamed <= (traversals + 1) * runner.plan().total_bytes());
+      CHECK(st.bytes_streamed >= traversals * runner.plan().total_bytes());
+    }
+    if (s == Strategy::kDlo) CHECK(st.host_bytes * world().size() < runner.plan().total_bytes() + 1024 * world().size() * c.num_layers);
+  }
+}
+
+TEST_CASE("blocks of different sizes and dtypes are gathered exactly, padding and odd rank counts included") {
+  SharedDir dir;
+  // Block i: F32 [7+i, 13], BF16 [3*i+1], I64 [i+2], U8 [101*i+3]: sizes not multiples of anything.
+  std::vector<TensorSpec> specs;
+  std::vector<std::vector<std::string>> blocks;
+  for (int i = 0; i < 7; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    std::vector<TensorSpec> b = {{p + "w", DType::F32, {7 + i, 13}},
+                                 {p + "b", DType::BF16, {3 * i + 1}},
+                                 {p + "ids", DType::I64, {i + 2}},
+                                 {p + "bytes", DType::U8, {101 * i + 3}}};
+    blocks.emplace_back();
+    for (auto& s : b) {
+      blocks.back().push_back(s.name);
+      specs.push_back(s);
+    }
+  }
+  if (world().rank() == 0) {
+    WriteOptions w;
+    w.max_shard_bytes = 1500;
+    write_random_checkpoint(dir.file("het"), specs, [](const TensorSpec&) { return RandomInit{0.5, 3.0}; }, 5, w);
+  }
+  world().barrier();
+  auto ck = Checkpoint::open(dir.file("het"));
+  // The BF16 biases are packed as F32 (converted while packing; exact), the rest as stored.
+  StackPlan exact(ck, blocks, [&](const std::string& n) {
+    if (n.size() > 2 && n.compare(n.size() - 2, 2, ".b") == 0) return DType::F32;
+    return ck.at(n).dtype;
+  }, world().size());
+  std::uint64_t largest = 0;
+  for (std::int64_t i = 0; i < exact.num_blocks(); ++i) largest = std::max(largest, exact.padded_bytes(i));
+  CHECK(exact.slot_bytes() == largest);
+
+  for (Strategy s : {Strategy::kLayerwise, Strategy::kDlo}) {
+    CAPTURE(strategy_name(s));
+    auto coll = collective_for(s);
+    EngineOptions eo;
+    eo.strategy = s;
+    eo.collective = coll.get();
+    BlockEngine engine(exact, eo);
+    CHECK(engine.stats().slot_bytes == std::max<std::uint64_t>(largest, kShardAlign));
+    for (int pass = 0; pass < 3; ++pass) {
+      engine.traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
+        const auto& names = blocks[static_cast<std::size_t>(i)];
+        REQUIRE(w.size() == names.size());
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          at::Tensor want = tensor_view(ck, names[k]);
+          if (want.scalar_type() != w[k].scalar_type()) want = want.to(w[k].scalar_type());
+          CHECK_MESSAGE(at::equal(w[k], want), names[k] << " pass " << pass);
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("auto picks resident on the CPU when the weights fit, and says why") {
+  auto c = choose_strategy("auto", 1 << 20, 1 << 20, at::kCPU, 4);
+  CHECK((c.strategy == Strategy::kResident));
+  CHECK(c.reason.find("fit in available host memory") != std::string::npos);
+  CHECK((choose_strategy("dlo", 1, 1, at::kCPU, 1).strategy == Strategy::kDlo));
+  CHECK_THROWS_WITH_AS(choose_strategy("fast", 1, 1, at::kCPU, 1), doctest::Contains("unknown strategy 'fast'"), dlo::Error);
+}
+
+TEST_CASE("ranks that planned different layouts are refused on every rank") {
+  const std::uint64_t print = world().rank() == world().size() - 1 && world().size() > 1 ? 2 : 1;
+  if (world().size() == 1) {
+    CHECK(agree_wave(world(), 1, print).length == 1);
+  } else {
+    CHECK_THROWS_WITH_AS(agree_wave(world(), 1, print), doctest::Contains("planned a different block layout"), dlo::Error);
+  }
+}

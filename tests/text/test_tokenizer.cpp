@@ -1,0 +1,237 @@
+// dlo/text/tokenizer.h: prompt cleaning, the T5 tokenizer's algorithm on a hand-made SentencePiece
+// model (ids computed by hand), folder errors, and the tiny trained tokenizer.
+// Equality with transformers on many prompts is in tools/reference/tokenizer_parity.py (parity).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/test_util.h"
+#include "dlo/common/error.h"
+#include "dlo/text/tokenizer.h"
+
+using namespace dlo;
+using dlo::test::TempDir;
+using Ids = std::vector<std::int64_t>;
+
+namespace {
+
+// A SentencePiece ModelProto in protobuf wire format (sentencepiece_model.proto).
+struct Proto {
+  std::string bytes;
+  void varint(std::uint64_t v) {
+    while (v >= 0x80) {
+      bytes.push_back(static_cast<char>((v & 0x7F) | 0x80));
+      v >>= 7;
+    }
+    bytes.push_back(static_cast<char>(v));
+  }
+  void tag(int field, int wire) { varint(static_cast<std::uint64_t>(field) << 3 | wire); }
+  void field(int f, const std::string& s) {
+    tag(f, 2);
+    varint(s.size());
+    bytes += s;
+  }
+  void field(int f, std::uint64_t v) {
+    tag(f, 0);
+    varint(v);
+  }
+  void field(int f, float x) {
+    tag(f, 5);
+    char b[4];
+    std::memcpy(b, &x, 4);
+    bytes.append(b, 4);
+  }
+};
+
+struct Piece {
+  std::string text;
+  float score;
+  int type;  // 1 normal, 2 unknown, 3 control, 4 user-defined
+};
+
+// Unigram model, identity normalisation (no charsmap).
+std::string make_model(const std::vector<Piece>& pieces) {
+  Proto m;
+  for (const auto& p : pieces) {
+    Proto sp;
+    sp.field(1, p.text);
+    sp.field(2, p.score);
+    sp.field(3, static_cast<std::uint64_t>(p.type));
+    m.field(1, sp.bytes);
+  }
+  Proto trainer;
+  trainer.field(3, std::uint64_t{1});  // model_type UNIGRAM
+  trainer.field(40, std::uint64_t{2});  // unk_id
+  trainer.field(42, std::uint64_t{1});  // eos_id
+  trainer.field(43, std::uint64_t{0});  // pad_id
+  m.field(2, trainer.bytes);
+  Proto norm;
+  norm.field(1, std::string("identity"));
+  m.field(3, norm.bytes);
+  return m.bytes;
+}
+
+const std::string kMeta = "\xE2\x96\x81";  // U+2581
+
+// Pieces with scores chosen so that segmentations can be worked out by hand.
+std::vector<Piece> hand_pieces() {
+  return {{"<pad>", 0, 3},      {"</s>", 0, 3},      {"<unk>", 0, 2},  {kMeta, -2, 1},      {"a", -1, 1},
+          {"b", -1, 1},         {kMeta + "a", -1.5f, 1}, {"ab", -1.5f, 1}, {kMeta + "ab", -4, 1}, {"x", -1, 1},
+          {"xx", -2, 1},        {"<sep>", 0, 4}};
+}
+
+void write(const std::string& path, const std::string& bytes) { dlo::test::write_file(path, bytes); }
+
+std::string load_error(const std::string& dir) {
+  try {
+    T5Tokenizer::load(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("html_unescape follows Python's html.unescape (HTML5 rules)") {
+  CHECK(html_unescape("a &amp; b &lt;c&gt; &quot;d&quot;") == "a & b <c> \"d\"");
+  CHECK(html_unescape("&amp") == "&");         // some names are valid without ';'
+  CHECK(html_unescape("&ampx;") == "&x;");     // longest name that is a prefix
+  CHECK(html_unescape("&notit;") == "\xC2\xACit;");  // "&not" + "it;"
+  CHECK(html_unescape("&notin;") == "\xE2\x88\x89");
+  CHECK(html_unescape("&#65;&#x42;&#X43") == "ABC");
+  CHECK(html_unescape("&#0;") == "\xEF\xBF\xBD");     // U+FFFD
+  CHECK(html_unescape("&#x80;") == "\xE2\x82\xAC");   // cp1252: the euro sign
+  CHECK(html_unescape("&#13;") == "\r");
+  CHECK(html_unescape("x&#1;y") == "xy");             // invalid code points vanish
+  CHECK(html_unescape("&#xD800;&#1114112;") == "\xEF\xBF\xBD\xEF\xBF\xBD");
+  CHECK(html_unescape("&#; & amp; &unknownname; &") == "&#; & amp; &unknownname; &");
+  CHECK(html_unescape("&amp;amp;") == "&amp;");  // one level per call
+  CHECK_THROWS_WITH_AS(html_unescape("bad \xFF byte"), doctest::Contains("not valid UTF-8"), Error);
+}
+
+TEST_CASE("prompt_clean is diffusers' prompt_clean without ftfy") {
+  // unescape twice, strip, whitespace runs -> ' ', strip (str.strip also removes U+001C..U+001F).
+  CHECK(prompt_clean(" \t a&amp;amp;b \xE3\x80\x80 c\x1c ") == "a&b c");
+  CHECK(prompt_clean("line\r\nbreak\u00a0here") == "line break here");
+  CHECK(prompt_clean("") == "");
+  CHECK(prompt_clean("  \n ") == "");
+  CHECK(prompt_clean("a&#10;&#10;b") == "a b");  // whitespace made by unescaping is folded too
+  CHECK(prompt_clean("zero\xE2\x80\x8Bwidth") == "zero\xE2\x80\x8Bwidth");  // U+200B is not whitespace
+  CHECK_THROWS_WITH_AS(prompt_clean("\xC3"), doctest::Contains("prompt is not valid UTF-8"), Error);
+}
+
+TEST_CASE("T5 tokenization on a hand-made unigram model: ids worked out by hand") {
+  TempDir dir;
+  write(dir.file("spiece.model"), make_model(hand_pieces()));
+  write(dir.file("tokenizer_config.json"), R"({"extra_ids": 2, "tokenizer_class": "T5Tokenizer"})");
+  const auto t = T5Tokenizer::load(dir.path().string());
+  // Vocabulary: 12 pieces, then <extra_id_1>, <extra_id_0>.
+  CHECK(t.vocab_size() == 14);
+  CHECK(t.token_to_id("<extra_id_1>") == 12);
+  CHECK(t.token_to_id("<extra_id_0>") == 13);
+  CHECK(t.token_to_id("<extra_id_2>") == -1);
+
+  // "ab" -> "▁ab": ▁a + b (-2.5) beats ▁ + ab (-3.5), ▁ab (-4) and ▁ + a + b (-4).
+  CHECK(t.encode("ab") == Ids{6, 5});
+  // "▁xxx": x+xx, xx+x and x+x+x all score -3; the first best found (start order, then length) wins.
+  CHECK(t.encode("xxx") == Ids{3, 9, 10});
+  // Unknown characters in a row are one <unk> (fused), also multi-byte ones.
+  CHECK(t.encode("aZZb") == Ids{6, 2, 5});
+  CHECK(t.encode("a\xE6\xBC\xA2\xF0\x9F\x98\x80" "b") == Ids{6, 2, 5});
+  // Special tokens (incl. user-defined pieces and extra ids) are cut out of the raw text first;
+  // every other segment gets its own leading ▁.
+  CHECK(t.encode("a</s>b<sep>x<extra_id_0>") == Ids{6, 1, 3, 5, 11, 3, 9, 13});
+  CHECK(t.encode("<pad><unk></s>") == Ids{0, 2, 1});
+  // Whitespace splits words; a literal ▁ starts a piece; a word starting with ▁ gets no second one.
+  CHECK(t.encode("  a \t\n b  ") == Ids{6, 3, 5});
+  CHECK(t.encode("a" + kMeta + "b") == Ids{6, 3, 5});
+  CHECK(t.encode(kMeta + "ab") == Ids{6, 5});
+  CHECK(t.encode("") == Ids{});
+  CHECK(t.encode(" ") == Ids{});
+
+  // Padding, </s>, truncation (room is kept for </s>).
+  auto b = t.encode_padded({"ab", ""}, 4);
+  CHECK(b.batch == 2);
+  CHECK(b.length == 4);
+  CHECK(b.input_ids == Ids{6, 5, 1, 0, 1, 0, 0, 0});
+  CHECK(b.attention_mask == Ids{1, 1, 1, 0, 1, 0, 0, 0});
+  CHECK(b.seq_lens == Ids{3, 1});
+  CHECK(t.encode_padded({"xxx ab"}, 3).input_ids == Ids{3, 9, 1});
+  CHECK_THROWS_AS(t.encode_padded({"a"}, 0), Error);
+  // The pipeline path cleans first: "  a&amp;b " -> "a&b" ('&' is unknown).
+  CHECK(t.encode_prompts({"  a&amp;b "}, 6).input_ids == Ids{6, 2, 5, 1, 0, 0});
+}
+
+TEST_CASE("tokenizer folder errors name the folder and say what is supported") {
+  TempDir dir;
+  CHECK(contains(load_error(dir.file("absent")), "loading tokenizer '" + dir.file("absent") + "': not a directory"));
+
+  std::filesystem::create_directories(dir.file("empty"));
+  const std::string empty = load_error(dir.file("empty"));
+  CHECK(empty.find("loading tokenizer '" + dir.file("empty") + "'") == 0);
+  CHECK(contains(empty, "no spiece.model"));
+
+  std::filesystem::create_directories(dir.file("json_only"));
+  write(dir.file("json_only/tokenizer.json"), "{}");
+  const std::string json_only = load_error(dir.file("json_only"));
+  CHECK(json_only.find("loading tokenizer '" + dir.file("json_only") + "'") == 0);
+  CHECK(contains(json_only, "holds tokenizer.json but no spiece.model"));
+  CHECK(contains(json_only, "not supported"));
+
+  std::filesystem::create_directories(dir.file("garbage"));
+  write(dir.file("garbage/spiece.model"), "this is not a model");
+  CHECK(contains(load_error(dir.file("garbage")), "spiece.model: SentencePiece cannot load it"));
+
+  std::filesystem::create_directories(dir.file("not_t5"));
+  auto pieces = hand_pieces();
+  std::swap(pieces[0], pieces[2]);  // <unk> first: a SentencePiece default layout, not T5's
+  write(dir.file("not_t5/spiece.model"), make_model(pieces));
+  CHECK(contains(load_error(dir.file("not_t5")), "not a T5 vocabulary: expected <pad> = 0, </s> = 1, <unk> = 2"));
+
+  std::filesystem::create_directories(dir.file("bad_config"));
+  write(dir.file("bad_config/spiece.model"), make_model(hand_pieces()));
+  write(dir.file("bad_config/tokenizer_config.json"), R"({"extra_ids": "many"})");
+  CHECK(contains(load_error(dir.file("bad_config")),
+                 dir.file("bad_config/tokenizer_config.json") + ": field 'extra_ids' must be a non-negative integer"));
+}
+
+TEST_CASE("the tiny tokenizer: trained here, deterministic, T5 layout, NFKC normalisation") {
+  TempDir dir;
+  write_tiny_tokenizer(dir.file("a"));
+  write_tiny_tokenizer(dir.file("b"));
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  CHECK(slurp(dir.file("a/spiece.model")) == slurp(dir.file("b/spiece.model")));
+  CHECK(contains(slurp(dir.file("a/tokenizer_config.json")), "\"tokenizer_class\": \"T5Tokenizer\""));
+  CHECK(contains(slurp(dir.file("a/tokenizer_config.json")), "\"extra_ids\": 100"));
+  CHECK(contains(slurp(dir.file("a/special_tokens_map.json")), "<extra_id_99>"));
+
+  const auto t = T5Tokenizer::load(dir.file("a"));
+  CHECK(t.vocab_size() == kTinyTokenizerPieces + kTinyTokenizerExtraIds);
+  CHECK(t.token_to_id("<pad>") == 0);
+  CHECK(t.token_to_id("</s>") == 1);
+  CHECK(t.token_to_id("<unk>") == 2);
+  CHECK(t.token_to_id("<extra_id_0>") == t.vocab_size() - 1);
+  // character_coverage 1: the training text has no unknown characters.
+  const Ids all = t.encode(tiny_tokenizer_corpus());
+  CHECK(all.size() > 1000);
+  CHECK(std::count(all.begin(), all.end(), 2) == 0);
+  // nmt_nfkc: compatibility forms normalise to their plain equivalents.
+  CHECK(t.encode("\xEF\xAC\x81") == t.encode("fi"));       // U+FB01 ligature
+  CHECK(t.encode("\xEF\xBC\xA1") == t.encode("A"));        // U+FF21 full-width A
+  CHECK(t.encode("\xE2\x91\xA0") == t.encode("1"));        // U+2460 circled one
+  CHECK(t.encode("e\xCC\x81") == t.encode("\xC3\xA9"));    // e + combining acute = é
+  // transformers applies the charsmap per grapheme cluster: the first rule matching a prefix of
+  // "Ａ + combining acute" (full-width A -> A) replaces the whole cluster, dropping the accent.
+  CHECK(t.encode("\xEF\xBC\xA1\xCC\x81") == t.encode("A"));
+}

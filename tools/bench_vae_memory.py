@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Benchmark of the Wan2.1 VAE decoder on the CPU. Not a test: prints numbers.
+
+1. Working memory for 5 vs 21 latent frames (17 vs 81 video frames), on a VAE with the real
+   channel structure (default: the real Wan2.1 config, base_dim 96) at a small spatial size.
+   Ours: `dlo-forward --component vae --report`: peak RSS during the decode (VmHWM, reset after
+   loading) minus RSS after loading, minus the decoder's weight bytes (they are mmap views, so
+   they become resident file pages during the first decode; that is not working memory).
+   diffusers: the same in a child Python process (its weights are already resident after loading).
+   Both numbers include the output video; "beyond output" subtracts it.
+2. Speed: decode wall time of the 21-frame run, ours (dlo-forward's forward_seconds: de-normalise +
+   decode, no process start or loading) vs diffusers (WanPipeline's decode step), one run each, at
+   the same thread count. Reported as the ratio ours / diffusers.
+
+  .venv/bin/python tools/bench_vae_memory.py --bin build/bin [--threads 2] [--height 6 --width 8]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+# The diffusers side, in its own process so that its peak RSS is its own.
+CHILD = r"""
+import json, sys, time
+import torch
+from diffusers import AutoencoderKLWan
+from safetensors.torch import load_file
+
+def kb(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+
+vae_dir, inputs, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(threads)
+vae = AutoencoderKLWan.from_pretrained(vae_dir, torch_dtype=torch.float32).eval()
+latents = load_file(inputs)["latents"]
+after_load = kb("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+t0 = time.perf_counter()
+with torch.no_grad():
+    lat = latents.to(vae.dtype)
+    mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(lat.device, lat.dtype)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(lat.device, lat.dtype)
+    video = vae.decode(lat / inv_std + mean, return_dict=False)[0]
+seconds = time.perf_counter() - t0
+print(json.dumps({"rss_after_load_kb": after_load, "peak_rss_kb": kb("VmHWM"), "seconds": seconds,
+                  "shape": list(video.shape)}))
+"""
+
+
+def decoder_weight_bytes(vae_dir):
+    total = 0
+    for name in os.listdir(vae_dir):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(vae_dir, name), "pt") as f:
+                for k in f.keys():
+                    if k.startswith("decoder.") or k.startswith("post_quant_conv."):
+                        s = f.get_slice(k)
+                        n = 1
+                        for d in s.get_shape():
+                            n *= d
+                        total += n * 4  # fp32 checkpoint
+    return total
+
+
+def mib(kb):
+    return kb / 1024.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vae-preset", default="wan2.1-vae")
+    ap.add_argument("--vae-base-dim", type=int, default=None)
+    ap.add_argument("--height", type=int, default=6, help="latent height (x8 in the video)")
+    ap.add_argument("--width", type=int, default=8, help="latent width (x8 in the video)")
+    ap.add_argument("--frames", default="5,21", help="latent frame counts to compare (first is the baseline)")
+    ap.add_argument("--skip-diffusers", action="store_true")
+    ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    args = ap.parse_args()
+    frames = [int(f) for f in args.frames.split(",")]
+
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        model = os.path.join(tmp, "model")
+        cmd = [os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--components", "vae", "--vae-preset",
+               args.vae_preset, "--vae-dtype", "fp32", "--shard-size", "0"]
+        if args.vae_base_dim:
+            cmd += ["--vae-base-dim", str(args.vae_base_dim)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        vae_dir = os.path.join(model, "vae")
+        weights_kb = decoder_weight_bytes(vae_dir) / 1024.0
+        cfg = json.load(open(os.path.join(vae_dir, "config.json")))
+        print(f"VAE {args.vae_preset} base_dim {cfg['base_dim']} (decoder weights {mib(weights_kb):.1f} MiB), "
+              f"latent {args.height}x{args.width} -> video {8 * args.height}x{8 * args.width}, fp32, "
+              f"{args.threads} threads")
+
+        rows = {}
+        for f in frames:
+            g = torch.Generator().manual_seed(0)
+            latents = torch.randn(1, cfg["z_dim"], f, args.height, args.width, generator=g)
+            inp = os.path.join(tmp, f"in{f}.safetensors")
+            save_file({"latents": latents}, inp)
+            rep = os.path.join(tmp, f"report{f}.json")
+            subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "vae",
+                            "--inputs", inp, "--out", os.path.join(tmp, "out.safetensors"), "--threads",
+                            str(args.threads), "--report", rep], check=True)
+            r = json.load(open(rep))
+            out_frames = 1 + 4 * (f - 1)
+            out_kb = 3 * out_frames * 64 * args.height * args.width * 4 / 1024.0
+            ours = r["peak_rss_kb"] - r["rss_after_load_kb"] - weights_kb
+            row = {"out_kb": out_kb, "ours_kb": ours, "ours_s": r["forward_seconds"][0]}
+            if not args.skip_diffusers:
+                res = subprocess.run([sys.executable, "-c", CHILD, vae_dir, inp, str(args.threads)], check=True,
+                                     capture_output=True, text=True)
+                d = json.loads(res.stdout.strip().splitlines()[-1])
+                row["ref_kb"] = d["peak_rss_kb"] - d["rss_after_load_kb"]
+                row["ref_s"] = d["seconds"]
+            rows[f] = row
+            line = (f"  {f:3d} latent frames -> {out_frames:3d} video frames (output {mib(out_kb):7.1f} MiB): "
+                    f"ours working {mib(ours):7.1f} MiB, beyond output {mib(ours - out_kb):7.1f} MiB, "
+                    f"decode {row['ours_s']:.2f} s")
+            if "ref_kb" in row:
+                line += (f" | diffusers working {mib(row['ref_kb']):7.1f} MiB, beyond output "
+                         f"{mib(row['ref_kb'] - out_kb):7.1f} MiB, decode {row['ref_s']:.2f} s")
+            print(line, flush=True)
+
+        a, b = rows[frames[0]], rows[frames[-1]]
+        print(f"memory ratio {frames[-1]} vs {frames[0]} latent frames: ours {b['ours_kb'] / a['ours_kb']:.2f}x "
+              f"(beyond output {(b['ours_kb'] - b['out_kb']) / (a['ours_kb'] - a['out_kb']):.2f}x)", end="")
+        if "ref_kb" in b:
+            print(f", diffusers {b['ref_kb'] / a['ref_kb']:.2f}x "
+                  f"(beyond output {(b['ref_kb'] - b['out_kb']) / (a['ref_kb'] - a['out_kb']):.2f}x)")
+            print(f"speed, {frames[-1]} latent frames, {args.threads} threads: ours {b['ours_s']:.2f} s, "
+                  f"diffusers {b['ref_s']:.2f} s, ratio ours/diffusers {b['ours_s'] / b['ref_s']:.2f} "
+                  f"({frames[0]} frames: {a['ours_s'] / a['ref_s']:.2f})")
+        else:
+            print()
+
+
+if __name__ == "__main__":
+    main()

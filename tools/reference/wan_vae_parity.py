@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Parity of dlo's Wan2.1 VAE decoder against diffusers' AutoencoderKLWan.
+
+Writes a random-weight VAE with `dlo-checkpoint make --components vae` (unless --model is given),
+random normalised latents (as the transformer outputs them), runs `dlo-forward --component vae`
+and, on the same directory and latents, WanPipeline's decode step in diffusers:
+
+    latents = latents.to(vae.dtype)
+    latents = latents / (1.0 / std) + mean      # the pipeline's de-normalisation
+    video = vae.decode(latents).sample          # [B, 3, 1 + 4 (F - 1), 8 H, 8 W], clamped to [-1, 1]
+
+and compares. Also checks that the checkpoint holds exactly the tensors (names, shapes) of
+diffusers' model for that config. Exit 0 when ||ours - ref|| / ||ref|| <= --tol, else 1.
+
+  wan_vae_parity.py --bin build/bin --vae-preset wan-vae-test --frames 2 --height 4 --width 6 --tol 1e-5
+  wan_vae_parity.py --bin build/bin --vae-preset wan2.1-vae --make-args='--vae-base-dim 32' --frames 3 --tol 1e-5
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def checkpoint_shapes(vae_dir):
+    shapes = {}
+    for name in sorted(os.listdir(vae_dir)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(vae_dir, name), "pt") as f:
+                for k in f.keys():
+                    shapes[k] = tuple(f.get_slice(k).get_shape())
+    return shapes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="folder holding dlo-checkpoint and dlo-forward")
+    ap.add_argument("--model", help="existing model directory with a vae/ folder (else one is generated)")
+    ap.add_argument("--vae-preset", default="wan-vae-test")
+    ap.add_argument("--make-args", default="", help="extra dlo-checkpoint make flags, e.g. '--vae-base-dim 32'")
+    ap.add_argument("--diffusers-init", metavar="JSON",
+                    help="instead of dlo-checkpoint make: AutoencoderKLWan(**JSON) with diffusers' own random init, "
+                         "written by save_pretrained (tests configs the make flags cannot express)")
+    ap.add_argument("--weights-dtype", default="fp32", help="dtype the checkpoint is stored in")
+    ap.add_argument("--dtype", default="fp32", choices=DTYPES, help="the VAE's dtype in both runs")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--frames", type=int, default=2, help="latent frames")
+    ap.add_argument("--height", type=int, default=4, help="latent height")
+    ap.add_argument("--width", type=int, default=4, help="latent width")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tol", type=float, required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        from diffusers import AutoencoderKLWan
+        if model is None and args.diffusers_init:
+            model = os.path.join(tmp, "model")
+            torch.manual_seed(args.seed)
+            ref_init = AutoencoderKLWan(**json.loads(args.diffusers_init))
+            if args.weights_dtype != "fp32":
+                ref_init = ref_init.to(DTYPES[args.weights_dtype])
+            ref_init.save_pretrained(os.path.join(model, "vae"))
+        elif model is None:
+            model = os.path.join(tmp, "model")
+            cmd = [os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--components", "vae",
+                   "--vae-preset", args.vae_preset, "--vae-dtype", args.weights_dtype, "--seed", str(args.seed)]
+            subprocess.run(cmd + args.make_args.split(), check=True, stdout=subprocess.DEVNULL)
+        vae_dir = os.path.join(model, "vae")
+        vae = AutoencoderKLWan.from_pretrained(vae_dir, torch_dtype=dtype).eval()
+        cfg = vae.config
+
+        # The checkpoint must be exactly diffusers' parameter set (no missing, no extra tensors).
+        want = {k: tuple(v.shape) for k, v in vae.state_dict().items()}
+        have = checkpoint_shapes(vae_dir)
+        if want != have:
+            missing = sorted(set(want) - set(have))[:5]
+            extra = sorted(set(have) - set(want))[:5]
+            wrong = sorted(k for k in set(want) & set(have) if want[k] != have[k])[:5]
+            print(f"FAIL: checkpoint tensors differ from diffusers': missing {missing} extra {extra} shape {wrong}")
+            return 1
+
+        g = torch.Generator("cpu").manual_seed(args.seed + 1)
+        latents = torch.randn((args.batch, cfg.z_dim, args.frames, args.height, args.width), generator=g)
+        inputs = os.path.join(tmp, "in.safetensors")
+        out = os.path.join(tmp, "out.safetensors")
+        save_file({"latents": latents.contiguous()}, inputs)
+        t0 = time.perf_counter()
+        subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "vae",
+                        "--inputs", inputs, "--out", out, "--dtype", args.dtype, "--threads", str(args.threads)],
+                       check=True)
+        t_ours = time.perf_counter() - t0
+        ours = load_file(out)["output"]
+
+        # WanPipeline.__call__'s decode step, verbatim (pipelines/wan/pipeline_wan.py).
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            lat = latents.to(vae.dtype)
+            latents_mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(
+                lat.device, lat.dtype)
+            latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(
+                lat.device, lat.dtype)
+            lat = lat / latents_std + latents_mean
+            ref = vae.decode(lat, return_dict=False)[0]
+        t_ref = time.perf_counter() - t0
+
+    spatial = 2 ** (len(cfg.dim_mult) - 1)
+    temporal = 2 ** sum(cfg.temperal_downsample)
+    want_shape = (args.batch, cfg.out_channels, 1 + temporal * (args.frames - 1), args.height * spatial,
+                  args.width * spatial)
+    ok_shape = tuple(ref.shape) == want_shape and ours.shape == ref.shape and ours.dtype == ref.dtype
+    rel = ((ours.double() - ref.double()).norm() / ref.double().norm()).item() if ok_shape else float("inf")
+    maxabs = (ours.double() - ref.double()).abs().max().item() if ok_shape else float("inf")
+    bitwise = ok_shape and torch.equal(ours, ref)
+    clamped = (ref.abs() >= 1).double().mean().item()
+    verdict = "PASS" if ok_shape and rel <= args.tol else "FAIL"
+    print(f"{verdict}: vae {args.dtype} latents {tuple(latents.shape)} -> {tuple(ref.shape)} (want {want_shape}) "
+          f"rel_err {rel:.3e} (tol {args.tol:.1e}) max_abs {maxabs:.3e} bitwise {bitwise}; "
+          f"ref std {ref.double().std().item():.3f}, {100 * clamped:.1f}% at the clamp; "
+          f"ours {ours.dtype}{tuple(ours.shape)}; wall ours {t_ours:.2f}s (incl. process start) ref {t_ref:.2f}s")
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
