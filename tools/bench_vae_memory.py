@@ -7,10 +7,14 @@
    loading) minus RSS after loading, minus the decoder's weight bytes (they are mmap views, so
    they become resident file pages during the first decode; that is not working memory).
    diffusers: the same in a child Python process (its weights are already resident after loading).
-   Both numbers include the output video; "beyond output" subtracts it.
-2. Speed: decode wall time of the 21-frame run, ours (dlo-forward's forward_seconds: de-normalise +
-   decode, no process start or loading) vs diffusers (WanPipeline's decode step), one run each, at
-   the same thread count. Reported as the ratio ours / diffusers.
+   Both include the output video; "beyond output" subtracts it.
+   glibc raises its mmap threshold as large blocks are freed and then keeps freed blocks in the
+   heap, so plain VmHWM also measures what the allocator retains (it varies from run to run). The
+   "live" runs fix the thresholds (MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ = 128 KiB) so
+   that RSS follows the tensors alive; the "default" runs use glibc's defaults.
+2. Speed: decode wall time of the default-malloc runs, ours (dlo-forward's forward_seconds:
+   de-normalise + decode, no process start or loading) vs diffusers (WanPipeline's decode step),
+   one run each, at the same thread count. Reported as the ratio ours / diffusers.
 
   .venv/bin/python tools/bench_vae_memory.py --bin build/bin [--threads 2] [--height 6 --width 8]
 """
@@ -26,8 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 # The diffusers side, in its own process so that its peak RSS is its own.
-CHILD = r"""
-import json, sys, time
+CHILD = r"""import json, sys, time
 import torch
 from diffusers import AutoencoderKLWan
 from safetensors.torch import load_file
@@ -103,47 +106,55 @@ def main():
               f"latent {args.height}x{args.width} -> video {8 * args.height}x{8 * args.width}, fp32, "
               f"{args.threads} threads")
 
+        live_env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
         rows = {}
         for f in frames:
             g = torch.Generator().manual_seed(0)
             latents = torch.randn(1, cfg["z_dim"], f, args.height, args.width, generator=g)
             inp = os.path.join(tmp, f"in{f}.safetensors")
             save_file({"latents": latents}, inp)
-            rep = os.path.join(tmp, f"report{f}.json")
-            subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "vae",
-                            "--inputs", inp, "--out", os.path.join(tmp, "out.safetensors"), "--threads",
-                            str(args.threads), "--report", rep], check=True)
-            r = json.load(open(rep))
             out_frames = 1 + 4 * (f - 1)
-            out_kb = 3 * out_frames * 64 * args.height * args.width * 4 / 1024.0
-            ours = r["peak_rss_kb"] - r["rss_after_load_kb"] - weights_kb
-            row = {"out_kb": out_kb, "ours_kb": ours, "ours_s": r["forward_seconds"][0]}
-            if not args.skip_diffusers:
-                res = subprocess.run([sys.executable, "-c", CHILD, vae_dir, inp, str(args.threads)], check=True,
-                                     capture_output=True, text=True)
-                d = json.loads(res.stdout.strip().splitlines()[-1])
-                row["ref_kb"] = d["peak_rss_kb"] - d["rss_after_load_kb"]
-                row["ref_s"] = d["seconds"]
+            row = {"out_kb": 3 * out_frames * 64 * args.height * args.width * 4 / 1024.0}
+            for mode, env in (("live", live_env), ("default", None)):
+                rep = os.path.join(tmp, "report.json")
+                subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "vae",
+                                "--inputs", inp, "--out", os.path.join(tmp, "out.safetensors"), "--threads",
+                                str(args.threads), "--report", rep], check=True, env=env)
+                r = json.load(open(rep))
+                row[f"ours_{mode}_kb"] = r["peak_rss_kb"] - r["rss_after_load_kb"] - weights_kb
+                row[f"ours_{mode}_s"] = r["forward_seconds"][0]
+                if not args.skip_diffusers:
+                    res = subprocess.run([sys.executable, "-c", CHILD, vae_dir, inp, str(args.threads)], check=True,
+                                         capture_output=True, text=True, env=env)
+                    d = json.loads(res.stdout.strip().splitlines()[-1])
+                    row[f"ref_{mode}_kb"] = d["peak_rss_kb"] - d["rss_after_load_kb"]
+                    row[f"ref_{mode}_s"] = d["seconds"]
             rows[f] = row
-            line = (f"  {f:3d} latent frames -> {out_frames:3d} video frames (output {mib(out_kb):7.1f} MiB): "
-                    f"ours working {mib(ours):7.1f} MiB, beyond output {mib(ours - out_kb):7.1f} MiB, "
-                    f"decode {row['ours_s']:.2f} s")
-            if "ref_kb" in row:
-                line += (f" | diffusers working {mib(row['ref_kb']):7.1f} MiB, beyond output "
-                         f"{mib(row['ref_kb'] - out_kb):7.1f} MiB, decode {row['ref_s']:.2f} s")
-            print(line, flush=True)
+            print(f"  {f:3d} latent frames -> {out_frames:3d} video frames (output {mib(row['out_kb']):.1f} MiB):",
+                  flush=True)
+            for who, name in (("ours", "ours     "), ("ref", "diffusers")):
+                if f"{who}_live_kb" in row:
+                    print(f"      {name}: working memory live {mib(row[who + '_live_kb']):7.1f} MiB "
+                          f"(beyond output {mib(row[who + '_live_kb'] - row['out_kb']):7.1f}), "
+                          f"default malloc {mib(row[who + '_default_kb']):7.1f} MiB; "
+                          f"decode {row[who + '_default_s']:.2f} s (live-malloc run {row[who + '_live_s']:.2f} s)",
+                          flush=True)
 
         a, b = rows[frames[0]], rows[frames[-1]]
-        print(f"memory ratio {frames[-1]} vs {frames[0]} latent frames: ours {b['ours_kb'] / a['ours_kb']:.2f}x "
-              f"(beyond output {(b['ours_kb'] - b['out_kb']) / (a['ours_kb'] - a['out_kb']):.2f}x)", end="")
-        if "ref_kb" in b:
-            print(f", diffusers {b['ref_kb'] / a['ref_kb']:.2f}x "
-                  f"(beyond output {(b['ref_kb'] - b['out_kb']) / (a['ref_kb'] - a['out_kb']):.2f}x)")
-            print(f"speed, {frames[-1]} latent frames, {args.threads} threads: ours {b['ours_s']:.2f} s, "
-                  f"diffusers {b['ref_s']:.2f} s, ratio ours/diffusers {b['ours_s'] / b['ref_s']:.2f} "
-                  f"({frames[0]} frames: {a['ours_s'] / a['ref_s']:.2f})")
-        else:
-            print()
+        for who, name in (("ours", "ours"), ("ref", "diffusers")):
+            if f"{who}_live_kb" not in a:
+                continue
+            live = b[who + "_live_kb"] / a[who + "_live_kb"]
+            beyond = (b[who + "_live_kb"] - b["out_kb"]) / (a[who + "_live_kb"] - a["out_kb"])
+            dflt = b[who + "_default_kb"] / a[who + "_default_kb"]
+            print(f"memory ratio {frames[-1]} vs {frames[0]} latent frames, {name}: live {live:.2f}x "
+                  f"(beyond output {beyond:.2f}x), default malloc {dflt:.2f}x")
+        if "ref_default_s" in b:
+            print(f"speed, {args.threads} threads, one run each: {frames[-1]} latent frames ours "
+                  f"{b['ours_default_s']:.2f} s / diffusers {b['ref_default_s']:.2f} s = "
+                  f"{b['ours_default_s'] / b['ref_default_s']:.2f}; {frames[0]} frames "
+                  f"{a['ours_default_s']:.2f} s / {a['ref_default_s']:.2f} s = "
+                  f"{a['ours_default_s'] / a['ref_default_s']:.2f}")
 
 
 if __name__ == "__main__":

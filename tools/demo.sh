@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# The main job on the built-in demo model. Until dlo-generate exists this writes a small sharded
-# checkpoint with Python's safetensors (the reference implementation) and inspects it with dlo.
+# The main job on the built-in demo model: until dlo-generate exists, one denoising forward of
+# the Wan transformer on two ranks with distributed layerwise offload (each rank keeps half of
+# every block; blocks are rebuilt by AllGather), guidance included, and each rank's report.
+#   tools/demo.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out/demo}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 mkdir -p "$OUT"
-.venv/bin/python - "$OUT/py.safetensors" <<'PY'
-import sys, torch
-from safetensors.torch import save_file
-g = torch.Generator().manual_seed(0)
-t = {f"blocks.{i}.attn.to_q.weight": torch.randn(256, 256, generator=g).bfloat16() for i in range(8)}
-t.update({f"blocks.{i}.ffn.weight": torch.randn(512, 256, generator=g) for i in range(8)})
-t["patch_embedding.weight"] = torch.randn(256, 16, 1, 2, 2, generator=g)
-save_file(t, sys.argv[1], metadata={"format": "pt"})
-PY
-build/bin/dlo-checkpoint copy "$OUT/py.safetensors" "$OUT/sharded" --shard-size 2MB --base-name diffusion_pytorch_model
-build/bin/dlo-checkpoint inspect "$OUT/sharded"
+[ -f "$OUT/model/model_index.json" ] || build/bin/dlo-checkpoint make "$OUT/model" --preset wan-test --layers 6 \
+  --dim 48 --heads 4 --text-dim 32 --dtype bf16 --shard-size 100KB
+build/bin/dlo-checkpoint inspect "$OUT/model/transformer" | head -12
+mpirun -np 2 build/bin/dlo-forward --model "$OUT/model" --component transformer --offload dlo --dtype bf16 \
+  --random-inputs 3,16,16,24 --guidance --passes 3 --threads 1 --out "$OUT/transformer_out.safetensors" \
+  --report "$OUT/report.json"
+echo "wrote $OUT/transformer_out.safetensors and $OUT/report.json"

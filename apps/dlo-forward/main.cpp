@@ -28,7 +28,7 @@
 
 namespace {
 
-std::vector<std::int64_t> parse_counts(const std::string& s) {
+std::vector<std::int64_t> parse_counts(const std::string& s, const char* flag) {
   std::vector<std::int64_t> out;
   std::stringstream ss(s);
   std::string part;
@@ -39,7 +39,7 @@ std::vector<std::int64_t> parse_counts(const std::string& s) {
       v = std::stoll(part, &used);
     } catch (const std::exception&) {
     }
-    DLO_CHECK(used == part.size() && v >= 0, "--rank-passes: '", part, "' is not a count >= 0");
+    DLO_CHECK(used == part.size() && v >= 0, flag, ": '", part, "' is not a count >= 0");
     out.push_back(v);
   }
   return out;
@@ -48,7 +48,9 @@ std::vector<std::int64_t> parse_counts(const std::string& s) {
 int run(const dlo::MpiWorld& world, int argc, char** argv) {
   cxxopts::Options opts("dlo-forward", "One forward pass of one model component");
   opts.add_options()("model", "model directory (diffusers layout)", cxxopts::value<std::string>())(
-      "component", "transformer, vae, text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
+      "component", "transformer, vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
+      "with the config's latents_mean/std as WanPipeline does, then decoded: output [B, 3, 1 + 4 (F - 1), 8 H, 8 W] "
+      "in [-1, 1]), text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
       "text + text_lengths; output [B, L, d_model] as the pipeline's prompt_embeds) or tokenizer",
       cxxopts::value<std::string>())(
       "inputs", "input tensors (.safetensors)", cxxopts::value<std::string>())(
@@ -66,6 +68,9 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
       cxxopts::value<std::string>())(
       "guidance", "transformer: also run input negative_encoder_hidden_states through each block (output_negative)")(
       "keep-page-cache", "transformer: keep the checkpoint's pages cached after building the shards")(
+      "random-inputs", "transformer: random latents and text instead of --inputs: F,H,W,L (seeded by --seed + rank)",
+      cxxopts::value<std::string>())(
+      "seed", "seed for --random-inputs", cxxopts::value<std::uint64_t>()->default_value("0"))(
       "report", "write per-rank timing and memory as JSON (rank 0)", cxxopts::value<std::string>())(
       "fail-at-block", "test hook: throw while transferring this block", cxxopts::value<std::int64_t>())(
       "fail-rank", "test hook: ... on this rank only", cxxopts::value<int>()->default_value("-1"))("h,help", "help");
@@ -96,9 +101,13 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
     jo.offload = args["offload"].as<std::string>();
     jo.device = args["device"].as<std::string>();
     jo.passes = passes;
-    if (args.count("rank-passes")) jo.rank_passes = parse_counts(args["rank-passes"].as<std::string>());
+    if (args.count("rank-passes")) jo.rank_passes = parse_counts(args["rank-passes"].as<std::string>(), "--rank-passes");
     jo.guidance = args.count("guidance") > 0;
     jo.keep_page_cache = args.count("keep-page-cache") > 0;
+    if (args.count("random-inputs")) {
+      jo.random_latent = parse_counts(args["random-inputs"].as<std::string>(), "--random-inputs");
+      jo.random_seed = args["seed"].as<std::uint64_t>();
+    }
     if (args.count("fail-at-block")) jo.fail_at_block = args["fail-at-block"].as<std::int64_t>();
     jo.fail_rank = args["fail-rank"].as<int>();
     auto r = dlo::run_transformer_job(world, inputs, jo);
@@ -108,7 +117,7 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
   } else {
     dlo::ForwardOptions fo;
     fo.dtype = dtype;
-    if (args.count("prompt")) fo.prompt = args["prompt"].as<std::string>();
+    if (args.count("prompt")) fo.prompt = args["prompt"].as<std::string>(), fo.has_prompt = true;
     fo.repeat = static_cast<int>(passes);
     dlo::ForwardStats stats;
     fo.stats = &stats;

@@ -27,8 +27,8 @@ namespace {
 // Prompts for the tokenizer / text encoder: options.prompt, or the inputs "text" (uint8, the
 // UTF-8 prompts one after another) + "text_lengths" (int64 [B], bytes per prompt).
 std::vector<std::string> prompts_from(const TensorMap& inputs, const ForwardOptions& options, const std::string& comp) {
-  if (!options.prompt.empty() || !inputs.count("text")) return options.prompt.empty() ? std::vector<std::string>{}
-                                                                                      : std::vector<std::string>{options.prompt};
+  if (options.has_prompt || !options.prompt.empty()) return {options.prompt};
+  if (!inputs.count("text")) return {};
   const at::Tensor text = require_input(inputs, "text", comp).contiguous();
   const at::Tensor lens = require_input(inputs, "text_lengths", comp).to(at::kLong).contiguous();
   DLO_CHECK(text.scalar_type() == at::kByte && text.dim() == 1, comp, ": input 'text' must be uint8 [bytes]");

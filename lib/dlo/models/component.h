@@ -23,6 +23,7 @@ struct ForwardStats {
 struct ForwardOptions {
   at::ScalarType dtype = at::kFloat;  // compute dtype (weights kept in fp32 where diffusers keeps them)
   std::string prompt;                 // text_encoder: tokenize this instead of reading input_ids
+  bool has_prompt = false;            // `prompt` was given (it may be "", the pipeline's negative prompt)
   int repeat = 1;                     // forward passes to run (timing); the last one's output is returned
   ForwardStats* stats = nullptr;      // filled when not null
 };

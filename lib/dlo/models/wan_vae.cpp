@@ -298,11 +298,30 @@ std::vector<TensorSpec> wan_vae_specs(const WanVaeConfig& c, DType dtype, bool i
 // ---------------------------------------------------------------------------------------------
 // Layers: the same ATen ops, in the same order and on the same memory layouts, as diffusers.
 
-at::Tensor wan_causal_conv3d(const at::Tensor& x_in, const WanVaeConv& conv, std::array<std::int64_t, 3> pad,
+at::Tensor wan_causal_conv3d(at::Tensor x, const WanVaeConv& conv, std::array<std::int64_t, 3> pad,
                              const at::Tensor& history) {
   std::vector<std::int64_t> padding{pad[2], pad[2], pad[1], pad[1], 2 * pad[0], 0};
-  at::Tensor x = x_in;
-  if (history.defined() && padding[4] > 0) {
+  const bool use_history = history.defined() && padding[4] > 0;
+  const bool padded = pad[0] > 0 || pad[1] > 0 || pad[2] > 0;
+  const auto contiguous = at::MemoryFormat::Contiguous;
+  if (padded && x.suggest_memory_format() == contiguous &&
+      (!use_history || history.suggest_memory_format() == contiguous)) {
+    // diffusers: F.pad(torch.cat([history, x], 2), padding). Built here in one zeroed buffer with
+    // the same values and the same (contiguous) layout, so conv3d sees the same input, but without
+    // the intermediate cat, and with `x` released before the convolution runs.
+    const std::int64_t th = use_history ? history.size(2) : 0, front = padding[4] - th;
+    const std::int64_t t = x.size(2), h = x.size(3), w = x.size(4);
+    DLO_ASSERT(front >= 0, "history of ", th, " frames exceeds the causal padding ", padding[4]);
+    at::Tensor in = at::zeros({x.size(0), x.size(1), front + th + t, h + 2 * pad[1], w + 2 * pad[2]}, x.options());
+    auto interior = [&](std::int64_t t0, std::int64_t n) {
+      return in.narrow(2, t0, n).narrow(3, pad[1], h).narrow(4, pad[2], w);
+    };
+    if (th > 0) interior(front, th).copy_(history);
+    interior(front + th, t).copy_(x);
+    x = at::Tensor();
+    return at::conv3d(in, conv.w, conv.b);
+  }
+  if (use_history) {
     x = at::cat({history, x}, 2);
     padding[4] -= history.size(2);
   }
@@ -310,13 +329,13 @@ at::Tensor wan_causal_conv3d(const at::Tensor& x_in, const WanVaeConv& conv, std
   return at::conv3d(x, conv.w, conv.b);
 }
 
-at::Tensor wan_cached_causal_conv3d(const at::Tensor& x, const WanVaeConv& conv, std::array<std::int64_t, 3> pad,
+at::Tensor wan_cached_causal_conv3d(at::Tensor x, const WanVaeConv& conv, std::array<std::int64_t, 3> pad,
                                     WanCausalCache& cache) {
   // cache_x = x[:, :, -2:].clone(); prefixed with the previous last frame if x has only one.
   at::Tensor cache_x = x.slice(2, -2).clone();
   if (cache_x.size(2) < 2 && cache.frames.defined())
     cache_x = at::cat({cache.frames.select(2, -1).unsqueeze(2), cache_x}, 2);
-  at::Tensor y = wan_causal_conv3d(x, conv, pad, cache.frames);
+  at::Tensor y = wan_causal_conv3d(std::move(x), conv, pad, cache.frames);
   cache.frames = cache_x;
   return y;
 }
@@ -327,10 +346,11 @@ at::Tensor wan_vae_rms_norm(const at::Tensor& x, const at::Tensor& gamma) {
   const at::Tensor in = fp32 ? x.to(at::kFloat) : x;
   // F.normalize(in, dim=1): in / linalg.vector_norm(in, 2, [1], keepdim).clamp_min(1e-12).expand_as(in)
   at::Tensor denom = at::linalg_vector_norm(in, 2.0, at::IntArrayRef{1}, true).clamp_min(1e-12).expand_as(in);
-  at::Tensor normalized = (in / denom).to(dt);
-  // `normalized * scale * gamma + bias` with bias 0.0 (x + 0.0 == x, so the add is left out).
+  at::Tensor out = (in / denom).to(dt);
+  // `normalized * scale * gamma + bias` with bias 0.0 (x + 0.0 == x, so the add is left out). In
+  // place: the same values and layout as diffusers' temporaries, without their memory.
   const double scale = std::pow(static_cast<double>(x.size(1)), 0.5);
-  return normalized * scale * gamma;
+  return out.mul_(scale).mul_(gamma);
 }
 
 WanCausalCache& WanVaeDecodeState::take() {
@@ -340,14 +360,15 @@ WanCausalCache& WanVaeDecodeState::take() {
 
 namespace {
 
-// [WanResidualBlock]
+// [WanResidualBlock] SiLU and the residual add run in place (same values and layouts as
+// diffusers' out-of-place ops); each activation is released as soon as it has been consumed.
 at::Tensor res_block(const WanVaeResBlockWeights& w, const at::Tensor& x_in, WanVaeDecodeState& st) {
   const at::Tensor h = w.shortcut.w.defined() ? wan_causal_conv3d(x_in, w.shortcut, {0, 0, 0}) : x_in;
-  at::Tensor x = at::silu(wan_vae_rms_norm(x_in, w.norm1));
-  x = wan_cached_causal_conv3d(x, w.conv1, {1, 1, 1}, st.take());
-  x = at::silu(wan_vae_rms_norm(x, w.norm2));
-  x = wan_cached_causal_conv3d(x, w.conv2, {1, 1, 1}, st.take());
-  return x + h;
+  at::Tensor x = at::silu_(wan_vae_rms_norm(x_in, w.norm1));
+  x = wan_cached_causal_conv3d(std::move(x), w.conv1, {1, 1, 1}, st.take());
+  x = at::silu_(wan_vae_rms_norm(x, w.norm2));
+  x = wan_cached_causal_conv3d(std::move(x), w.conv2, {1, 1, 1}, st.take());
+  return x.add_(h);
 }
 
 // [WanAttentionBlock] single-head attention within each frame.
@@ -407,8 +428,8 @@ at::Tensor wan_vae_decoder_chunk(const WanVaeDecoderWeights& w, const at::Tensor
     for (const auto& r : up.resnets) x = res_block(r, x, st);
     if (up.mode != WanVaeUpsample::kNone) x = resample(up, x, st);
   }
-  x = at::silu(wan_vae_rms_norm(x, w.norm_out));
-  return wan_cached_causal_conv3d(x, w.conv_out, {1, 1, 1}, st.take());
+  x = at::silu_(wan_vae_rms_norm(x, w.norm_out));
+  return wan_cached_causal_conv3d(std::move(x), w.conv_out, {1, 1, 1}, st.take());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -120,12 +120,13 @@ struct WanCausalCache {
 
 // [WanCausalConv3d] Conv3d with zero padding (pw, pw, ph, ph, 2 pt, 0): `pad` = {pt, ph, pw}. With
 // a defined `history` (T_h frames, only used if pt > 0) it runs on cat(history, x) and pads
-// 2 pt - T_h zero frames in front instead.
-at::Tensor wan_causal_conv3d(const at::Tensor& x, const WanVaeConv& conv, std::array<std::int64_t, 3> pad,
+// 2 pt - T_h zero frames in front instead. Pass `x` by std::move to let its memory go before the
+// convolution runs.
+at::Tensor wan_causal_conv3d(at::Tensor x, const WanVaeConv& conv, std::array<std::int64_t, 3> pad,
                              const at::Tensor& history = {});
 // The cached call of a causal conv (conv_in, resnet convs, conv_out): runs it with the cache's
 // frames as history and updates the cache to the last 2 frames of the stream seen so far.
-at::Tensor wan_cached_causal_conv3d(const at::Tensor& x, const WanVaeConv& conv, std::array<std::int64_t, 3> pad,
+at::Tensor wan_cached_causal_conv3d(at::Tensor x, const WanVaeConv& conv, std::array<std::int64_t, 3> pad,
                                     WanCausalCache& cache);
 // [WanRMS_norm] F.normalize over channels * sqrt(C) * gamma (fp32 normalisation for fp16/bf16).
 at::Tensor wan_vae_rms_norm(const at::Tensor& x, const at::Tensor& gamma);

@@ -71,9 +71,19 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     model.emplace(WanTransformer::load(o.model_dir + "/transformer", o.dtype, /*load_blocks=*/false));
     model->to_device(device);
     runner = std::make_unique<WanOffloadRunner>(*model, world.size());
-    branches.push_back({input(inputs, "hidden_states"), input(inputs, "timestep"), input(inputs, "encoder_hidden_states")});
-    if (o.guidance)
-      branches.push_back({branches[0].hidden_states, branches[0].timestep, input(inputs, "negative_encoder_hidden_states")});
+    if (!o.random_latent.empty()) {
+      DLO_CHECK(o.random_latent.size() == 4, "random inputs need F, H, W and the text length L");
+      const auto& c = model->config();
+      at::manual_seed(o.random_seed + static_cast<std::uint64_t>(world.rank()));
+      const auto& r = o.random_latent;
+      branches.push_back({at::randn({1, c.in_channels, r[0], r[1], r[2]}), at::tensor({500}, at::kLong),
+                          at::randn({1, r[3], c.text_dim})});
+      if (o.guidance) branches.push_back({branches[0].hidden_states, branches[0].timestep, at::randn({1, r[3], c.text_dim})});
+    } else {
+      branches.push_back({input(inputs, "hidden_states"), input(inputs, "timestep"), input(inputs, "encoder_hidden_states")});
+      if (o.guidance)
+        branches.push_back({branches[0].hidden_states, branches[0].timestep, input(inputs, "negative_encoder_hidden_states")});
+    }
     // Validate the inputs now (shapes against the config), not mid-wave.
     for (const auto& b : branches) model->begin(b.hidden_states.slice(0, 0, 1), b.timestep.slice(0, 0, 1),
                                                 b.encoder_hidden_states.slice(0, 0, 1));

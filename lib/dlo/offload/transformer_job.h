@@ -22,6 +22,10 @@ struct TransformerJobOptions {
   std::vector<std::int64_t> rank_passes; // if set: passes per rank (overrides `passes`), e.g. {2, 0, 1}
   bool guidance = false;                 // also run the negative context (input negative_encoder_hidden_states)
   bool keep_page_cache = false;
+  // Instead of inputs: random latents [1, C_in, F, H, W] and text contexts [1, L, text_dim], seeded
+  // by `random_seed` + rank (so every rank renders something different). Empty: use the inputs.
+  std::vector<std::int64_t> random_latent;  // {F, H, W, L}
+  std::uint64_t random_seed = 0;
   std::int64_t fail_at_block = -1;       // test hook: this rank's transfer of that block throws
   int fail_rank = -1;                    // ... on this rank only (-1: every rank)
 };

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Benchmarks of the offload engine on the CPU (issue: offload engine). Not a test: prints numbers.
+
+  overlap   per-pass time of layerwise and dlo vs resident, same threads, at 1 and 2 ranks
+  guidance  bytes streamed per pass with guidance vs without
+  memory    peak memory (memory-cgroup peak, page cache included) of dlo vs the naive mode in
+            which every rank reads the whole model into private memory (layerwise), at 4 ranks
+  scale     a checkpoint larger than half of this machine's RAM, with dlo on 4 ranks
+
+Ratios are measured in one run of this script; the machine is shared and noisy.
+  .venv/bin/python tools/bench_offload.py --bin build/bin overlap guidance
+  .venv/bin/python tools/bench_offload.py --bin build/bin memory scale --work /var/tmp
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from safetensors.torch import save_file
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1", OMP_NUM_THREADS="1")
+CGROUP_ROOT = "/sys/fs/cgroup/memory"
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, env=ENV, **kw)
+
+
+def make(bin_dir, out, *flags):
+    sh([os.path.join(bin_dir, "dlo-checkpoint"), "make", out, "--components", "transformer", *flags],
+       stdout=subprocess.DEVNULL)
+    d = os.path.join(out, "transformer")
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors"))
+
+
+def inputs(path, frames, size, text_len, text_dim=4096, guidance=True):
+    g = torch.Generator().manual_seed(0)
+    t = {"hidden_states": torch.randn(1, 16, frames, size, size, generator=g), "timestep": torch.tensor([500]),
+         "encoder_hidden_states": torch.randn(1, text_len, text_dim, generator=g)}
+    if guidance:
+        t["negative_encoder_hidden_states"] = torch.randn(1, text_len, text_dim, generator=g)
+    save_file(t, path)
+
+
+def evict(model_dir):
+    """Drops the checkpoint's pages from the page cache, so each run starts cold and is charged fairly."""
+    d = os.path.join(model_dir, "transformer")
+    for f in os.listdir(d):
+        fd = os.open(os.path.join(d, f), os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def forward(bin_dir, np_, model, inp, offload, tmp, *extra, cgroup=False, dtype="fp32"):
+    rep = os.path.join(tmp, f"r_{offload}_{np_}.json")
+    cmd = ["mpirun", "-np", str(np_), os.path.join(bin_dir, "dlo-forward"), "--model", model, "--component",
+           "transformer", "--inputs", inp, "--out", os.path.join(tmp, "o.safetensors"), "--offload", offload,
+           "--threads", "1", "--dtype", dtype, "--report", rep, *extra]
+    peak = None
+    if cgroup:
+        cg = os.path.join(CGROUP_ROOT, f"dlo-bench-{os.getpid()}")
+        os.makedirs(cg, exist_ok=True)
+        try:
+            wrapped = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh", *cmd]
+            sh(wrapped, stderr=subprocess.DEVNULL)
+            peak = int(open(os.path.join(cg, "memory.max_usage_in_bytes")).read())
+        finally:
+            try:
+                open(os.path.join(cg, "memory.force_empty"), "w").write("0")
+            except OSError:
+                pass
+            os.rmdir(cg)
+    else:
+        sh(cmd, stderr=subprocess.DEVNULL)
+    return json.load(open(rep)), peak
+
+
+def steady(report, rank=0):
+    passes = [p for p in report["ranks"][rank]["per_pass"] if p["computed"]][1:]  # first pass warms up
+    return statistics.median(p["wall_s"] for p in passes), statistics.median(p["exposed_transfer_s"] for p in passes)
+
+
+def bench_overlap(a, tmp):
+    model = os.path.join(tmp, "ov")
+    size = make(a.bin, model, "--preset", "wan2.1-t2v-1.3b", "--layers", str(a.layers), "--dtype", "fp32")
+    inp = os.path.join(tmp, "ov_in.safetensors")
+    inputs(inp, a.frames, a.size, a.text_len, guidance=False)
+    print(f"overlap: 1.3B shape cut to {a.layers} blocks, fp32 ({size / 2**30:.2f} GiB), latent 16x{a.frames}x{a.size}x{a.size}, "
+          f"text {a.text_len}, 1 compute thread per rank, {a.passes} passes (first excluded)")
+    for np_ in (1, 2):
+        base = None
+        for s in ("resident", "layerwise", "dlo"):
+            r, _ = forward(a.bin, np_, model, inp, s, tmp, "--passes", str(a.passes))
+            wall, exposed = steady(r)
+            base = base or wall
+            print(f"  {np_} rank(s) {s:9s}: {wall:.3f} s/pass, exposed transfer {exposed * 1e3:7.1f} ms/pass, "
+                  f"ratio to resident {wall / base:.3f}")
+
+
+def bench_guidance(a, tmp):
+    model = os.path.join(tmp, "gd")
+    make(a.bin, model, "--preset", "wan2.1-t2v-1.3b", "--layers", "4", "--dtype", "bf16")
+    inp = os.path.join(tmp, "gd_in.safetensors")
+    inputs(inp, 1, 4, 16)
+    out = {}
+    for g in (False, True):
+        r, _ = forward(a.bin, 2, model, inp, "dlo", tmp, "--passes", "3", *(["--guidance"] if g else []), dtype="bf16")
+        x = r["ranks"][0]
+        out[g] = x["bytes_streamed"] / x["blocks_acquired"] * 4  # per pass of 4 blocks
+    print(f"guidance: dlo, 2 ranks, 4 blocks: bytes streamed per pass {out[False]:.0f} without guidance, "
+          f"{out[True]:.0f} with (ratio {out[True] / out[False]:.3f})")
+
+
+def bench_memory(a, tmp):
+    # dlo: a >= 4 GB checkpoint (14B-shape blocks); naive: the same per-rank logic on a model small
+    # enough that 4 private copies fit in this machine's RAM.
+    for name, layers, offload in (("dlo", a.mem_layers, "dlo"), ("naive (layerwise: each rank holds the whole model)", 2, "layerwise")):
+        model = os.path.join(tmp, f"mem_{offload}")
+        size = make(a.bin, model, "--preset", "wan2.1-t2v-14b", "--layers", str(layers), "--dtype", "bf16")
+        inp = os.path.join(tmp, "mem_in.safetensors")
+        inputs(inp, 1, 4, 8, guidance=False)
+        evict(model)
+        r, peak = forward(a.bin, 4, model, inp, offload, tmp, cgroup=True, dtype="bf16")
+        pss = sum(x["pss_kb"] for x in r["ranks"]) * 1024
+        per_rank = [x["host_bytes"] for x in r["ranks"]]
+        print(f"memory: {name}: checkpoint {size / 2**30:.2f} GiB, 4 ranks: cgroup peak {peak / 2**30:.2f} GiB "
+              f"= {peak / size:.2f} x model; sum of PSS at end {pss / 2**30:.2f} GiB; host bytes per rank "
+              f"{per_rank[0] / 2**30:.2f} GiB; slots {r['ranks'][0]['slot_bytes'] * 2 / 2**30:.2f} GiB per rank")
+        sh(["rm", "-rf", model])
+
+
+def bench_scale(a, tmp):
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    model = os.path.join(tmp, "scale")
+    size = make(a.bin, model, "--preset", "wan2.1-t2v-14b", "--layers", str(a.scale_layers), "--dtype", "bf16")
+    inp = os.path.join(tmp, "sc_in.safetensors")
+    inputs(inp, 1, 4, 8, guidance=False)
+    evict(model)
+    t0 = time.time()
+    r, peak = forward(a.bin, 4, model, inp, "dlo", tmp, cgroup=True, dtype="bf16")
+    print(f"scale: checkpoint {size / 2**30:.2f} GiB = {size / total:.2f} x RAM ({total / 2**30:.1f} GiB); dlo on 4 ranks "
+          f"ran in {time.time() - t0:.0f} s, cgroup peak {peak / 2**30:.2f} GiB")
+    sh(["rm", "-rf", model])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", nargs="+", choices=["overlap", "guidance", "memory", "scale"])
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--frames", type=int, default=3)
+    ap.add_argument("--size", type=int, default=16)
+    ap.add_argument("--text-len", type=int, default=512)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--mem-layers", type=int, default=6, help="14B-shape blocks for the dlo memory run (6: 4.4 GiB)")
+    ap.add_argument("--scale-layers", type=int, default=18, help="14B-shape blocks for the scale run (18: 12.7 GiB)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=a.work) as tmp:
+        for w in a.what:
+            globals()[f"bench_{w}"](a, tmp)
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

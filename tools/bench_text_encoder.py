@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Benchmark of the UMT5 text encoder on the CPU: ours vs transformers. Not a test: prints numbers.
+
+One run: a random-weight mid-size UMT5 (by default umt5-base's shape: d_model 768, 12 heads x 64,
+d_ff 2048, 12 layers, gated-gelu; vocabulary of the tiny tokenizer) is written with
+`dlo-checkpoint make`; the same input (a batch of 1, 512 tokens as the pipeline pads them, --tokens
+real ones) goes through `dlo-forward --component text_encoder` and transformers' UMT5EncoderModel,
+same dtype and thread count, in --rounds interleaved rounds (each side warmed up first; ours:
+`--repeat 2`, the second pass timed). The medians are compared as ours / transformers.
+
+  .venv/bin/python tools/bench_text_encoder.py --bin build/bin [--threads 2] [--dtype fp32|bf16]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--d-kv", type=int, default=64)
+    ap.add_argument("--d-ff", type=int, default=2048)
+    ap.add_argument("--length", type=int, default=512, help="padded sequence length (the pipeline's 512)")
+    ap.add_argument("--tokens", type=int, default=60, help="real tokens of the prompt (the rest is padding)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        model = os.path.join(tmp, "model")
+        subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--components", "text_encoder",
+                        "--dtype", args.dtype, "--shard-size", "0", "--te-layers", str(args.layers),
+                        "--te-d-model", str(args.d_model), "--te-heads", str(args.heads), "--te-d-kv", str(args.d_kv),
+                        "--te-d-ff", str(args.d_ff)], check=True, stdout=subprocess.DEVNULL)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.zeros(1, args.length, dtype=torch.int64)
+        ids[0, :args.tokens] = torch.randint(3, 600, (args.tokens,), generator=g)
+        ids[0, args.tokens - 1] = 1  # </s>
+        mask = (ids != 0).to(torch.int64)
+        inp = os.path.join(tmp, "in.safetensors")
+        out = os.path.join(tmp, "out.safetensors")
+        rep = os.path.join(tmp, "report.json")
+        save_file({"input_ids": ids, "attention_mask": mask}, inp)
+        from transformers import UMT5EncoderModel
+
+        ref = UMT5EncoderModel.from_pretrained(os.path.join(model, "text_encoder"), dtype=dt).eval()
+        ours, theirs = [], []
+        with torch.no_grad():
+            ref(input_ids=ids, attention_mask=mask)  # warm-up
+            # Interleaved rounds, so that load from other processes hits both sides alike.
+            for _ in range(args.rounds):
+                subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "text_encoder",
+                                "--inputs", inp, "--out", out, "--dtype", args.dtype, "--threads", str(args.threads),
+                                "--repeat", "2", "--report", rep], check=True, stdout=subprocess.DEVNULL)
+                ours.append(json.load(open(rep))["forward_seconds"][1])  # the first pass warms up
+                t0 = time.perf_counter()
+                last = ref(input_ids=ids, attention_mask=mask).last_hidden_state
+                theirs.append(time.perf_counter() - t0)
+        ours_out = load_file(out)["output"]
+        ref_out = torch.cat([last[0, :args.tokens], last.new_zeros(args.length - args.tokens, last.shape[-1])])[None]
+        equal = torch.equal(ours_out, ref_out)
+
+    mo, mt = statistics.median(ours), statistics.median(theirs)
+    print(f"text encoder speed: UMT5 d_model {args.d_model}, {args.heads}x{args.d_kv} heads, d_ff {args.d_ff}, "
+          f"{args.layers} layers, {args.dtype}, 1 x {args.length} tokens ({args.tokens} real), {args.threads} threads: "
+          f"ours {mo:.3f}s, transformers {mt:.3f}s (medians of {args.rounds} interleaved rounds, after warm-ups), "
+          f"ratio ours/transformers {mo / mt:.3f}; outputs bitwise equal: {equal}\n"
+          f"  rounds: ours {[round(x, 3) for x in ours]}, transformers {[round(x, 3) for x in theirs]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPU checks, as one prepared script for a lent single-GPU machine (target: under 8 minutes).
+#   1. set up and build (the same tools/setup.sh as everywhere);
+#   2. the gpu-labelled tests (tests skip themselves where no GPU is visible);
+#   3. resident vs layerwise vs dlo on 1 rank on the GPU: per-step time, exposed transfer time,
+#      H2D bandwidth reached and device memory peak, from dlo-forward's --report.
+# Results are printed and written to ${OUT:-out/gpu-check}/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR=${OUT:-out/gpu-check}
+mkdir -p "$OUTDIR"
+T0=$(date +%s)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt" || true
+tools/setup.sh >"$OUTDIR/setup.log" 2>&1 || { tail -50 "$OUTDIR/setup.log"; exit 1; }
+echo "setup+build: $(( $(date +%s) - T0 )) s"
+ctest --test-dir build -L gpu --output-on-failure | tee "$OUTDIR/ctest-gpu.log"
+
+# Benchmark: 1.3B-shape blocks, bf16, a latent big enough to give each block real work.
+M="$OUTDIR/model"
+[ -d "$M/transformer" ] || build/bin/dlo-checkpoint make "$M" --preset wan2.1-t2v-1.3b --layers ${LAYERS:-12} \
+  --dtype bf16 --components transformer >/dev/null
+.venv/bin/python - "$OUTDIR/in.safetensors" <<'PY'
+import sys, torch
+from safetensors.torch import save_file
+g = torch.Generator().manual_seed(0)
+save_file({"hidden_states": torch.randn(1, 16, 21, 60, 104, generator=g).bfloat16(), "timestep": torch.tensor([500]),
+           "encoder_hidden_states": torch.randn(1, 512, 4096, generator=g).bfloat16(),
+           "negative_encoder_hidden_states": torch.randn(1, 512, 4096, generator=g).bfloat16()}, sys.argv[1])
+PY
+for s in resident layerwise dlo; do
+  mpirun -np 1 build/bin/dlo-forward --model "$M" --component transformer --inputs "$OUTDIR/in.safetensors" \
+    --out "$OUTDIR/out_$s.safetensors" --dtype bf16 --device cuda --offload $s --passes ${PASSES:-4} --guidance \
+    --report "$OUTDIR/report_$s.json" 2>&1 | tail -1
+done
+.venv/bin/python - "$OUTDIR" <<'PY'
+import json, statistics, sys, torch
+from safetensors.torch import load_file
+d = sys.argv[1]
+base = None
+for s in ("resident", "layerwise", "dlo"):
+    r = json.load(open(f"{d}/report_{s}.json"))["ranks"][0]
+    steady = r["per_pass"][1:] or r["per_pass"]
+    wall = statistics.median(p["wall_s"] for p in steady)
+    exposed = statistics.median(p["exposed_transfer_s"] for p in steady)
+    per_pass_bytes = r["bytes_streamed"] / max(1, len(r["per_pass"]))
+    bw = per_pass_bytes / wall / 1e9 if s != "resident" else 0
+    base = base or wall
+    print(f"{s:9s}: {wall:.3f} s/step (x{wall / base:.3f} resident), exposed transfer {exposed * 1e3:.1f} ms/step, "
+          f"H2D {bw:.1f} GB/s sustained over the step, device peak {r['device_peak_bytes'] / 2**30:.2f} GiB, "
+          f"slot {r['slot_bytes'] / 2**20:.0f} MiB, pinned {r['pinned_bytes'] / 2**30:.2f} GiB")
+ref = load_file(f"{d}/out_resident.safetensors")["output"]
+for s in ("layerwise", "dlo"):
+    print(f"{s} output bitwise equal to resident: {torch.equal(load_file(f'{d}/out_{s}.safetensors')['output'], ref)}")
+PY
+echo "gpu-check: $(( $(date +%s) - T0 )) s"
