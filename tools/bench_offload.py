@@ -7,6 +7,7 @@
             which every rank reads the whole model into private memory (layerwise), at 4 ranks
   scale     a checkpoint larger than half of this machine's RAM, with dlo on 4 ranks
 
+The engine's own cost per block transition is measured by build/bin/dlo-bench-engine.
 Ratios are measured in one run of this script; the machine is shared and noisy.
   .venv/bin/python tools/bench_offload.py --bin build/bin overlap guidance
   .venv/bin/python tools/bench_offload.py --bin build/bin memory scale --work /var/tmp
@@ -57,11 +58,11 @@ def evict(model_dir):
         os.close(fd)
 
 
-def forward(bin_dir, np_, model, inp, offload, tmp, *extra, cgroup=False, dtype="fp32"):
+def forward(bin_dir, np_, model, inp, offload, tmp, *extra, cgroup=False, dtype="fp32", inputs_flag=True):
     rep = os.path.join(tmp, f"r_{offload}_{np_}.json")
     cmd = ["mpirun", "-np", str(np_), os.path.join(bin_dir, "dlo-forward"), "--model", model, "--component",
-           "transformer", "--inputs", inp, "--out", os.path.join(tmp, "o.safetensors"), "--offload", offload,
-           "--threads", "1", "--dtype", dtype, "--report", rep, *extra]
+           "transformer", *(["--inputs", inp] if inputs_flag else []), "--out", os.path.join(tmp, "o.safetensors"),
+           "--offload", offload, "--threads", "1", "--dtype", dtype, "--report", rep, *extra]
     peak = None
     if cgroup:
         cg = os.path.join(CGROUP_ROOT, f"dlo-bench-{os.getpid()}")
