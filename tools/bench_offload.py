@@ -34,8 +34,9 @@ def sh(cmd, **kw):
 
 
 def make(bin_dir, out, *flags):
-    sh([os.path.join(bin_dir, "dlo-checkpoint"), "make", out, "--components", "transformer", *flags],
-       stdout=subprocess.DEVNULL)
+    if not os.path.exists(os.path.join(out, "transformer", "config.json")):
+        sh([os.path.join(bin_dir, "dlo-checkpoint"), "make", out, "--components", "transformer", *flags],
+           stdout=subprocess.DEVNULL)
     d = os.path.join(out, "transformer")
     return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors"))
 
@@ -121,19 +122,26 @@ def bench_guidance(a, tmp):
 def bench_memory(a, tmp):
     # dlo: a >= 4 GB checkpoint (14B-shape blocks); naive: the same per-rank logic on a model small
     # enough that 4 private copies fit in this machine's RAM.
-    for name, layers, offload in (("dlo", a.mem_layers, "dlo"), ("naive (layerwise: each rank holds the whole model)", 2, "layerwise")):
-        model = os.path.join(tmp, f"mem_{offload}")
+    runs = (("dlo", a.mem_layers, "dlo", ()), ("dlo --keep-page-cache", a.mem_layers, "dlo", ("--keep-page-cache",)),
+            ("naive (layerwise: each rank holds the whole model)", 2, "layerwise", ()))
+    for name, layers, offload, extra in runs:
+        model = os.path.join(tmp, f"mem_{layers}")
         size = make(a.bin, model, "--preset", "wan2.1-t2v-14b", "--layers", str(layers), "--dtype", "bf16")
         inp = os.path.join(tmp, "mem_in.safetensors")
         inputs(inp, 1, 4, 8, guidance=False)
         evict(model)
-        r, peak = forward(a.bin, 4, model, inp, offload, tmp, cgroup=True, dtype="bf16")
+        r, peak = forward(a.bin, 4, model, inp, offload, tmp, *extra, cgroup=True, dtype="bf16")
         pss = sum(x["pss_kb"] for x in r["ranks"]) * 1024
-        per_rank = [x["host_bytes"] for x in r["ranks"]]
+        x0 = r["ranks"][0]
+        slots = 2 * x0["slot_bytes"]
+        # Per-rank constant: the two slots (host memory on the CPU) and the process (libtorch, ...).
+        runtime = x0["rss_kb_before_engine"] * 1024
+        rest = peak - 4 * (slots + runtime)
         print(f"memory: {name}: checkpoint {size / 2**30:.2f} GiB, 4 ranks: cgroup peak {peak / 2**30:.2f} GiB "
-              f"= {peak / size:.2f} x model; sum of PSS at end {pss / 2**30:.2f} GiB; host bytes per rank "
-              f"{per_rank[0] / 2**30:.2f} GiB; slots {r['ranks'][0]['slot_bytes'] * 2 / 2**30:.2f} GiB per rank")
-        sh(["rm", "-rf", model])
+              f"= {peak / size:.2f} x model; minus 4 x (2 slots {slots / 2**30:.2f} GiB + process "
+              f"{runtime / 2**30:.2f} GiB) = {rest / 2**30:.2f} GiB = {rest / size:.2f} x model; "
+              f"sum of PSS at end {pss / 2**30:.2f} GiB; host bytes per rank {x0['host_bytes'] / 2**30:.2f} GiB")
+
 
 
 def bench_scale(a, tmp):

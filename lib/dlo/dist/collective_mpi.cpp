@@ -1,8 +1,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <thread>
 
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
@@ -37,7 +40,9 @@ class MpiCollective final : public Collective {
       MPI_Type_contiguous(static_cast<int>(n), MPI_BYTE, &chunk);
       MPI_Type_create_resized(chunk, 0, static_cast<MPI_Aint>(shard_bytes), &strided);
       MPI_Type_commit(&strided);
-      const int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base + done, 1, strided, comm_);
+      MPI_Request req;
+      int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base + done, 1, strided, comm_, &req);
+      if (rc == MPI_SUCCESS) rc = wait(req, shard_bytes);
       MPI_Type_free(&strided);
       MPI_Type_free(&chunk);
       DLO_CHECK(rc == MPI_SUCCESS, "MPI_Allgather of ", shard_bytes, "-byte shards failed (code ", rc, ")");
@@ -45,7 +50,27 @@ class MpiCollective final : public Collective {
   }
 
  private:
+  // Polls the request: spins briefly (small gathers finish in microseconds), then sleeps between
+  // tests so a waiting rank leaves the cores to compute. A gather that has not finished in
+  // DLO_GATHER_TIMEOUT_S seconds (default 600) means a rank is gone or stuck: dlo::Error.
+  int wait(MPI_Request& req, std::size_t shard_bytes) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || done) return rc;
+      if (spins < 2000) continue;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() - start > timeout_)
+        throw Error(str("an AllGather of ", shard_bytes, "-byte shards has not finished in ",
+                        std::chrono::duration_cast<std::chrono::seconds>(timeout_).count(),
+                        " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"));
+    }
+  }
+
   int rank_, size_;
+  std::chrono::steady_clock::duration timeout_ = std::chrono::seconds(
+      std::getenv("DLO_GATHER_TIMEOUT_S") != nullptr ? std::atoll(std::getenv("DLO_GATHER_TIMEOUT_S")) : 600);
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 

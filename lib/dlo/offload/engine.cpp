@@ -39,6 +39,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+[[maybe_unused]] std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
 
 #ifdef DLO_HAVE_CUDA
 void cuda_check(cudaError_t e, const char* what) {
@@ -138,6 +141,10 @@ struct BlockEngine::Impl {
   std::vector<bool> stall_pending;
   std::thread watchdog;
   std::atomic<bool> watchdog_stop{false};
+  // The newest gather the watchdog times: its slot (-1: none) and when it was enqueued.
+  std::atomic<int> watch_slot{-1};
+  std::atomic<std::int64_t> watch_block{-1};
+  std::atomic<std::int64_t> watch_since_ms{0};
   cudaStream_t compute_stream() const { return c10::cuda::getCurrentCUDAStream(opt.device.index()).stream(); }
 #endif
 
@@ -245,11 +252,22 @@ struct BlockEngine::Impl {
       cuda_check(cudaEventCreate(&stall_end[i]), "cudaEventCreate");
     }
     if (opt.collective != nullptr && opt.strategy == Strategy::kDlo) {
-      // A dead peer or a network fault must end the job with a message, not a hang.
-      watchdog = std::thread([this] {
+      // A dead peer or a network fault must end the job with a message, not a hang: NCCL's
+      // asynchronous errors are polled, and a gather that has not finished in
+      // DLO_GATHER_TIMEOUT_S seconds (default 600) ends every rank.
+      const char* env = std::getenv("DLO_GATHER_TIMEOUT_S");
+      const std::int64_t timeout_ms = (env != nullptr ? std::atoll(env) : 600) * 1000;
+      cuda_check(cudaSetDevice(opt.device.index()), "cudaSetDevice");
+      watchdog = std::thread([this, timeout_ms] {
+        cudaSetDevice(opt.device.index());
         while (!watchdog_stop.load()) {
           try {
             opt.collective->check_async_error();
+            const int s = watch_slot.load();
+            if (s >= 0 && cudaEventQuery(ready_event[s]) == cudaErrorNotReady &&
+                now_ms() - watch_since_ms.load() > timeout_ms)
+              throw Error(str("the gather of block ", watch_block.load(), " has not finished in ", timeout_ms / 1000,
+                              " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"));
           } catch (const std::exception& e) {
             opt.collective->abort();
             MpiWorld::abort(std::string("weight gather: ") + e.what());
@@ -363,6 +381,9 @@ struct BlockEngine::Impl {
       cuda_check(cudaStreamWaitEvent(comm_stream, copied_event[s], 0), "cudaStreamWaitEvent");
       if (opt.collective != nullptr) opt.collective->allgather_inplace(dst, shard, comm_stream);
       cuda_check(cudaEventRecord(ready_event[s], comm_stream), "cudaEventRecord");
+      watch_since_ms = now_ms();
+      watch_block = j;
+      watch_slot = s;
     } else {
       cuda_check(cudaMemcpyAsync(dst, host.data() + host_offset[j], bytes, cudaMemcpyHostToDevice, copy_stream),
                  "cudaMemcpyAsync");
