@@ -13,6 +13,7 @@
 #include "dlo/io/tensor_view.h"
 #include "dlo/models/make_model.h"
 #include "dlo/models/random_weights.h"
+#include "dlo/models/umt5.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/offload/engine.h"
 #include "dlo/offload/runner.h"
@@ -168,5 +169,29 @@ TEST_CASE("ranks that planned different layouts are refused on every rank") {
     CHECK(agree_wave(world(), 1, print).length == 1);
   } else {
     CHECK_THROWS_WITH_AS(agree_wave(world(), 1, print), doctest::Contains("planned a different block layout"), dlo::Error);
+  }
+}
+
+TEST_CASE("the UMT5 text encoder streams through the engine with the same result as resident") {
+  SharedDir dir;
+  auto c = Umt5Config::preset("umt5-test");
+  c.num_layers = 3;
+  if (world().rank() == 0) write_random_umt5_encoder(dir.file("te"), c, DType::F32, 21, 0);
+  world().barrier();
+  auto resident = Umt5Encoder::load(dir.file("te"), at::kFloat);
+  at::manual_seed(7 + world().rank());
+  at::Tensor ids = at::randint(2, c.vocab_size, {2, 9}, at::kLong);
+  at::Tensor mask = at::ones({2, 9}, at::kLong);
+  mask[1].slice(0, 5).fill_(0);  // the second prompt is shorter
+  const at::Tensor want = resident.forward(ids, mask);
+  for (Strategy s : {Strategy::kLayerwise, Strategy::kDlo}) {
+    CAPTURE(strategy_name(s));
+    auto streamed = Umt5Encoder::load(dir.file("te"), at::kFloat, /*load_blocks=*/false);
+    Umt5OffloadRunner runner(streamed, world().size());
+    agree_wave(world(), 2, runner.plan().fingerprint());
+    EngineOptions eo;
+    eo.strategy = s;
+    runner.start(eo, collective_for(s));
+    for (int pass = 0; pass < 2; ++pass) CHECK(at::equal(runner.encode(ids, mask), want));
   }
 }

@@ -7,6 +7,7 @@
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
 #include "dlo/dist/mpi_world.h"
+#include "dlo/models/umt5.h"
 #include "dlo/models/wan_transformer.h"
 
 #ifdef DLO_HAVE_CUDA
@@ -86,9 +87,19 @@ WaveSchedule agree_wave(const MpiWorld& world, std::int64_t my_passes, std::uint
   return w;
 }
 
-WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks) : model_(model) {
-  const auto& c = model.config();
-  const auto compute = model.compute_dtype();
+OffloadStack::OffloadStack(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
+                           const std::function<DType(const std::string&)>& packed_dtype, int ranks)
+    : plan_(std::make_unique<StackPlan>(ck, blocks, packed_dtype, ranks)) {}
+
+void OffloadStack::start(EngineOptions options, std::unique_ptr<Collective> collective) {
+  collective_ = std::move(collective);
+  if (collective_) options.collective = collective_.get();
+  engine_ = std::make_unique<BlockEngine>(*plan_, options);
+}
+
+namespace {
+
+std::vector<std::vector<std::string>> wan_blocks(const WanTransformerConfig& c) {
   const auto names = wan_block_tensor_names(c);
   std::vector<std::vector<std::string>> blocks;
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
@@ -96,25 +107,32 @@ WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks) : mod
     for (const auto& n : names) b.push_back("blocks." + std::to_string(i) + "." + n);
     blocks.push_back(std::move(b));
   }
-  // Packed in the dtype the model computes each tensor in, so no conversion happens per block.
-  auto dtype = [&](const std::string& full) {
-    const std::string rel = full.substr(full.find('.', 7) + 1);  // drop "blocks.N."
-    return packed_dtype_for(wan_weight_dtype(rel, compute));
-  };
-  plan_ = std::make_unique<StackPlan>(model.weights().checkpoint(), blocks, dtype, ranks);
+  return blocks;
 }
 
-void WanOffloadRunner::start(EngineOptions options, std::unique_ptr<Collective> collective) {
-  collective_ = std::move(collective);
-  if (collective_) options.collective = collective_.get();
-  engine_ = std::make_unique<BlockEngine>(*plan_, options);
+std::vector<std::vector<std::string>> umt5_blocks(const Umt5Config& c) {
+  std::vector<std::vector<std::string>> blocks;
+  for (std::int64_t i = 0; i < c.num_layers; ++i) blocks.push_back(umt5_block_tensor_names(c, i));
+  return blocks;
 }
+
+}  // namespace
+
+// Blocks are packed in the dtype the model computes each tensor in: no conversion per block.
+WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks)
+    : OffloadStack(model.weights().checkpoint(), wan_blocks(model.config()),
+                   [&model](const std::string& full) {
+                     const std::string rel = full.substr(full.find('.', 7) + 1);  // drop "blocks.N."
+                     return packed_dtype_for(wan_weight_dtype(rel, model.compute_dtype()));
+                   },
+                   ranks),
+      model_(model) {}
 
 std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInputs>& branches) {
   const auto& c = model_.config();
   std::vector<WanForwardState> states;
   for (const auto& b : branches) states.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
-  engine_->traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {
+  engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {
     const WanBlockWeights bw = WanBlockWeights::bind(w, c);
     for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);
   });
@@ -123,6 +141,21 @@ std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInp
   return out;
 }
 
-void WanOffloadRunner::ghost() { engine_->traverse(nullptr); }
+Umt5OffloadRunner::Umt5OffloadRunner(const Umt5Encoder& encoder, int ranks)
+    : OffloadStack(encoder.weights().checkpoint(), umt5_blocks(encoder.config()),
+                   [&encoder](const std::string& full) {
+                     return packed_dtype_for(umt5_weight_dtype(full, encoder.compute_dtype()));
+                   },
+                   ranks),
+      encoder_(encoder) {}
+
+at::Tensor Umt5OffloadRunner::encode(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  const auto& c = encoder_.config();
+  Umt5ForwardState s = encoder_.begin(input_ids, attention_mask);
+  engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {
+    s.h = umt5_block_forward(Umt5BlockWeights::bind(w, c), s, s.h, c);
+  });
+  return encoder_.end(s);
+}
 
 }  // namespace dlo

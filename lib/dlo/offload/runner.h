@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "dlo/dist/collective.h"
+#include "dlo/io/dtype.h"
 #include "dlo/offload/engine.h"
 #include "dlo/offload/stack_plan.h"
 
@@ -24,6 +26,7 @@ namespace dlo {
 class MpiWorld;
 class Collective;
 class WanTransformer;
+class Umt5Encoder;
 
 // Picks a strategy for "auto" and says why, from the stack's size, the device's free memory
 // and the rank count. `requested` other than "auto" is returned as is (validated).
@@ -48,30 +51,49 @@ struct WanBranchInputs {
   at::Tensor hidden_states, timestep, encoder_hidden_states;
 };
 
-// The Wan transformer's blocks through a BlockEngine.
-class WanOffloadRunner {
+// A model's block stack with its plan, collective and engine: what every runner shares.
+class OffloadStack {
  public:
-  // `model` loaded with load_blocks=false. Plans the blocks (packed in the dtypes the model
-  // computes them in) for `ranks` ranks.
-  WanOffloadRunner(const WanTransformer& model, int ranks);
+  // Plans `blocks` (full tensor names per block) of `ck` for `ranks` ranks.
+  OffloadStack(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
+               const std::function<DType(const std::string&)>& packed_dtype, int ranks);
   const StackPlan& plan() const { return *plan_; }
-  // Creates the engine (after agree_wave has checked the layout). The runner keeps `collective`
-  // (if given) alive until its engine is gone: the engine's last prefetch still uses it.
+  // Creates the engine (after agree_wave has checked the layout). Keeps `collective` (if given)
+  // alive until the engine is gone: the engine's last prefetch still uses it.
   void start(EngineOptions options, std::unique_ptr<Collective> collective = nullptr);
   BlockEngine& engine() { return *engine_; }
+  // Joins one forward's transfers without computing.
+  void ghost() { engine_->traverse(nullptr); }
 
+ private:
+  std::unique_ptr<StackPlan> plan_;
+  std::unique_ptr<Collective> collective_;  // declared before engine_: destroyed after it
+  std::unique_ptr<BlockEngine> engine_;
+};
+
+// The Wan transformer's blocks through the engine.
+class WanOffloadRunner : public OffloadStack {
+ public:
+  // `model` loaded with load_blocks=false; blocks packed in the dtypes the model computes them in.
+  WanOffloadRunner(const WanTransformer& model, int ranks);
   // One forward of every branch (e.g. conditional and unconditional for guidance): each block's
   // weights are brought in once and every branch runs through it back to back, so guidance
   // streams the weights once per step. Outputs per branch, equal to separate forwards.
   std::vector<at::Tensor> forward(const std::vector<WanBranchInputs>& branches);
-  // Joins one forward's transfers without computing.
-  void ghost();
 
  private:
   const WanTransformer& model_;
-  std::unique_ptr<StackPlan> plan_;
-  std::unique_ptr<Collective> collective_;  // declared before engine_: destroyed after it
-  std::unique_ptr<BlockEngine> engine_;
+};
+
+// The UMT5 text encoder's blocks through the engine (an 11 GB encoder need not fit one device).
+class Umt5OffloadRunner : public OffloadStack {
+ public:
+  Umt5OffloadRunner(const Umt5Encoder& encoder, int ranks);
+  // The pipeline's prompt embeddings, as Umt5Encoder::forward computes them.
+  at::Tensor encode(const at::Tensor& input_ids, const at::Tensor& attention_mask);
+
+ private:
+  const Umt5Encoder& encoder_;
 };
 
 }  // namespace dlo
