@@ -6,7 +6,8 @@
    Ours: `dlo-forward --component vae --report`: peak RSS during the decode (VmHWM, reset after
    loading) minus RSS after loading, minus the decoder's weight bytes (they are mmap views, so
    they become resident file pages during the first decode; that is not working memory).
-   diffusers: the same in a child Python process (its weights are already resident after loading).
+   diffusers: the same in a child Python process (its parameters are read once after loading, so
+   that they are resident before the measurement, whether or not they are file-backed).
    Both include the output video; "beyond output" subtracts it.
    glibc raises its mmap threshold as large blocks are freed and then keeps freed blocks in the
    heap, so plain VmHWM also measures what the allocator retains (it varies from run to run). The
@@ -44,6 +45,9 @@ vae_dir, inputs, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(threads)
 vae = AutoencoderKLWan.from_pretrained(vae_dir, torch_dtype=torch.float32).eval()
 latents = load_file(inputs)["latents"]
+with torch.no_grad():  # fault in the parameters (they may be file-backed) so that they count as loaded
+    for p in vae.parameters():
+        p.sum()
 after_load = kb("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")

@@ -51,7 +51,8 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
       "component", "transformer, vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
       "with the config's latents_mean/std as WanPipeline does, then decoded: output [B, 3, 1 + 4 (F - 1), 8 H, 8 W] "
       "in [-1, 1]), text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
-      "text + text_lengths; output [B, L, d_model] as the pipeline's prompt_embeds) or tokenizer",
+      "text + text_lengths [+ max_sequence_length, clean, compact]; output [B, L, d_model] as the "
+      "pipeline's prompt_embeds) or tokenizer",
       cxxopts::value<std::string>())(
       "inputs", "input tensors (.safetensors)", cxxopts::value<std::string>())(
       "out", "output file (.safetensors), written by rank 0", cxxopts::value<std::string>())(

@@ -146,6 +146,11 @@ TEST_CASE("weights in the compute dtype are views into the checkpoint mapping, n
   auto b = Umt5Encoder::load(dir.file("te"), at::kBFloat16);
   CHECK((b.block(0).q.scalar_type() == at::kBFloat16));
   CHECK_FALSE(inside(b.block(0).q));
+  // The embedding table stays a view in the checkpoint's dtype; begin() converts the rows it gathers.
+  const auto& bmap = b.weights().checkpoint().files()[0]->mapping();
+  const auto* e = static_cast<const std::byte*>(b.global().shared.data_ptr());
+  CHECK((b.global().shared.scalar_type() == at::kHalf));
+  CHECK((e >= bmap->data() && e + b.global().shared.nbytes() <= bmap->data() + bmap->size()));
 }
 
 TEST_CASE("a checkpoint that disagrees with its config is refused, naming the tensor") {
@@ -268,4 +273,29 @@ TEST_CASE("streaming blocks through begin/umt5_block_forward/end equals forward(
   }
   CHECK(at::equal(streamed.end(s), want));
   CHECK(s.seq_lens == std::vector<std::int64_t>{5, 7});
+}
+
+TEST_CASE("compact mode: the blocks see only the real tokens; same embedding up to rounding, same shape") {
+  TempDir dir;
+  const auto c = small_config();
+  write_random_umt5_encoder(dir.file("te"), c, DType::F32, 5, 0);
+  auto m = Umt5Encoder::load(dir.file("te"), at::kFloat);
+  const std::int64_t L = 12;
+  at::Tensor ids = at::randint(3, c.vocab_size, {2, L}, at::kLong);
+  at::Tensor mask = at::zeros({2, L}, at::kLong);
+  mask[0].narrow(0, 0, 5).fill_(1);
+  mask[1].narrow(0, 0, 3).fill_(1);
+  const at::Tensor full = m.forward(ids, mask);
+  const auto s = m.begin(ids, mask, /*compact=*/true);
+  CHECK(s.length == 5);
+  CHECK(s.output_length == L);
+  const at::Tensor compact = m.forward(ids, mask, /*compact=*/true);
+  REQUIRE(compact.sizes() == full.sizes());
+  CHECK(at::allclose(compact, full, 1e-5, 1e-6));
+  CHECK(compact[0].narrow(0, 5, L - 5).abs().max().item<float>() == 0.0f);
+  CHECK(compact[1].narrow(0, 3, L - 3).abs().max().item<float>() == 0.0f);
+  // Left padding cannot be cut off the end.
+  at::Tensor left = at::ones({1, L}, at::kLong);
+  left[0][0] = 0;
+  CHECK_THROWS_WITH_AS(m.forward(ids.narrow(0, 0, 1), left, true), doctest::Contains("needs right padding"), Error);
 }

@@ -227,6 +227,15 @@ TEST_CASE("RMS norm and de-normalisation computed by hand") {
   const at::Tensor xb = x.to(at::kBFloat16);
   CHECK((wan_vae_rms_norm(xb, gamma.to(at::kBFloat16)).scalar_type() == at::kBFloat16));
   CHECK(rel_err(wan_vae_rms_norm(xb, gamma.to(at::kBFloat16)), want) < 1e-2);
+  // Regression (bf16 parity broke): sqrt(C) multiplies in fp32 unrounded, as Python's `t * 2.449...`
+  // does; C++ mul_(Scalar) would first round it to bf16 (2.453125).
+  const at::Tensor gb = gamma.to(at::kBFloat16);
+  const at::Tensor xf = xb.to(at::kFloat);
+  const at::Tensor n = (xf / xf.pow(2).sum(1, true).sqrt().clamp_min(1e-12)).to(at::kBFloat16);
+  const at::Tensor by_hand =
+      ((n.to(at::kFloat) * static_cast<float>(std::sqrt(6.0))).to(at::kBFloat16).to(at::kFloat) * gb.to(at::kFloat))
+          .to(at::kBFloat16);
+  CHECK(at::equal(wan_vae_rms_norm(xb, gb), by_hand));
 
   TempDir dir;
   auto c = WanVaeConfig::preset("wan-vae-test");

@@ -89,6 +89,7 @@ TensorMap run_component(const std::string& model_dir, const std::string& compone
     // Like WanPipeline._get_t5_prompt_embeds: prompts are cleaned (unless input "clean" is 0),
     // tokenized to max_sequence_length (input, default 512); "output" is last_hidden_state with
     // the rows past each prompt's tokens zeroed. Or give input_ids (+ attention_mask) directly.
+    // (last_hidden_state has only max(seq_lens) rows when compact.)
     TensorMap out;
     at::Tensor ids, mask;
     const auto prompts = prompts_from(inputs, options, component);
@@ -110,14 +111,16 @@ TensorMap run_component(const std::string& model_dir, const std::string& compone
       if (inputs.count("attention_mask")) mask = inputs.at("attention_mask");
     }
     auto model = Umt5Encoder::load(dir, options.dtype);
+    // Input "compact" = 1: the blocks see only the real tokens (Umt5Encoder::begin; not bitwise).
+    const bool compact = inputs.count("compact") && inputs.at("compact").item<std::int64_t>() != 0;
     at::Tensor last;
     out["output"] = with_context("text encoder forward", [&] {
       return timed([&] {
-        Umt5ForwardState s = model.begin(ids, mask);
+        Umt5ForwardState s = model.begin(ids, mask, compact);
         for (std::int64_t i = 0; i < model.config().num_layers; ++i)
           s.h = umt5_block_forward(model.block(i), s, s.h, model.config());
         last = model.final_norm(s);
-        return trim_and_zero_pad(last, s.seq_lens);
+        return trim_and_zero_pad(last, s.seq_lens, s.output_length);
       });
     });
     out["last_hidden_state"] = last;

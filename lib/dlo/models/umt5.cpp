@@ -294,9 +294,11 @@ at::Tensor umt5_block_forward(const Umt5BlockWeights& w, const Umt5ForwardState&
   at::Tensor q = at::linear(n, w.q).view({B, -1, H, dk}).transpose(1, 2);
   at::Tensor k = at::linear(n, w.k).view({B, -1, H, dk}).transpose(1, 2);
   at::Tensor v = at::linear(n, w.v).view({B, -1, H, dk}).transpose(1, 2);
-  at::Tensor bias = at::embedding(w.rel_bias, s.bucket).permute({2, 0, 1}).unsqueeze(0);  // [1, H, L, L]
-  at::Tensor mask = s.key_mask.defined() ? at::where(s.key_mask, bias, at::Scalar(dtype_min(k.scalar_type())))
-                                         : bias;
+  // (.to(device): no-ops when the block's weights live where begin() ran, e.g. all on the CPU.)
+  at::Tensor bias = at::embedding(w.rel_bias, s.bucket.to(w.rel_bias.device())).permute({2, 0, 1}).unsqueeze(0);
+  at::Tensor mask = s.key_mask.defined()
+                        ? at::where(s.key_mask.to(bias.device()), bias, at::Scalar(dtype_min(k.scalar_type())))
+                        : bias;  // [1 or B, H, L, L]
   mask = mask.contiguous();
   at::Tensor a = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false,
                                                   /*scale=*/1.0);
@@ -332,7 +334,9 @@ Umt5Encoder Umt5Encoder::load(const std::string& dir, at::ScalarType compute, bo
     const std::string emb = m.store_.has("shared.weight") || !m.store_.has("encoder.embed_tokens.weight")
                                 ? "shared.weight"
                                 : "encoder.embed_tokens.weight";
-    m.global_.shared = get(emb, {c.vocab_size, c.d_model});
+    // The embedding stays a view in the checkpoint's dtype; begin() converts the rows it gathers
+    // (the same values as converting the table first, without a copy of 256384 x 4096 values).
+    m.global_.shared = m.store_.get(emb, {c.vocab_size, c.d_model});
     m.global_.final_norm = get("encoder.final_layer_norm.weight", {c.d_model});
     if (load_blocks) {
       for (std::int64_t i = 0; i < c.num_layers; ++i) {
@@ -348,15 +352,17 @@ Umt5Encoder Umt5Encoder::load(const std::string& dir, at::ScalarType compute, bo
   });
 }
 
-Umt5ForwardState Umt5Encoder::begin(const at::Tensor& input_ids, const at::Tensor& attention_mask) const {
+Umt5ForwardState Umt5Encoder::begin(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                     bool compact) const {
   const auto& c = config_;
   DLO_CHECK(input_ids.defined() && input_ids.dim() == 2, "input_ids must be [B, L], got ",
             input_ids.defined() ? input_ids.sizes() : at::IntArrayRef{});
   DLO_CHECK(at::isIntegralType(input_ids.scalar_type(), /*includeBool=*/false), "input_ids must be integers, got ",
             input_ids.scalar_type());
-  const std::int64_t B = input_ids.size(0), L = input_ids.size(1);
+  const std::int64_t B = input_ids.size(0);
+  std::int64_t L = input_ids.size(1);
   DLO_CHECK(B > 0 && L > 0, "input_ids is empty: ", input_ids.sizes());
-  const at::Tensor ids = input_ids.to(at::kLong);
+  at::Tensor ids = input_ids.to(at::kLong);
   const std::int64_t lo = ids.min().item<std::int64_t>(), hi = ids.max().item<std::int64_t>();
   DLO_CHECK(lo >= 0 && hi < c.vocab_size, "input_ids has values in [", lo, ", ", hi,
             "], outside the vocabulary [0, ", c.vocab_size, ")");
@@ -374,9 +380,18 @@ Umt5ForwardState Umt5Encoder::begin(const at::Tensor& input_ids, const at::Tenso
 
   Umt5ForwardState s;
   s.batch = B;
-  s.length = L;
+  s.length = s.output_length = L;
   const at::Tensor lens = mask.gt(0).sum(1).to(at::kLong).contiguous();
   s.seq_lens.assign(lens.data_ptr<std::int64_t>(), lens.data_ptr<std::int64_t>() + B);
+  if (compact) {
+    const std::int64_t n = std::max<std::int64_t>(1, *std::max_element(s.seq_lens.begin(), s.seq_lens.end()));
+    const at::Tensor prefix = at::arange(L, at::kLong).unsqueeze(0) < lens.unsqueeze(1);
+    DLO_CHECK(at::equal(mask.to(at::kBool), prefix), "compact mode needs right padding: every attention_mask row "
+              "must be ones then zeros");
+    ids = ids.narrow(1, 0, n);
+    mask = mask.narrow(1, 0, n);
+    s.length = L = n;
+  }
   // transformers' sdpa mask: None when nothing is padded, else bool [B, 1, L, L] (key positions).
   const at::Tensor keep = mask.to(at::kBool);
   if (!keep.all().item<bool>()) s.key_mask = keep.view({B, 1, 1, L}).expand({B, 1, L, L});
@@ -385,7 +400,7 @@ Umt5ForwardState Umt5Encoder::begin(const at::Tensor& input_ids, const at::Tenso
   const at::Tensor memory = at::arange(L, at::kLong).unsqueeze(0);
   s.bucket = umt5_relative_position_bucket(memory - context, c.relative_attention_num_buckets,
                                            c.relative_attention_max_distance);
-  s.h = at::embedding(global_.shared, ids);
+  s.h = at::embedding(global_.shared, ids).to(compute_);
   return s;
 }
 
@@ -393,23 +408,28 @@ at::Tensor Umt5Encoder::final_norm(const Umt5ForwardState& s) const {
   return rms_norm(s.h, global_.final_norm, config_.layer_norm_epsilon);
 }
 
-at::Tensor trim_and_zero_pad(const at::Tensor& x, const std::vector<std::int64_t>& seq_lens) {
+at::Tensor trim_and_zero_pad(const at::Tensor& x, const std::vector<std::int64_t>& seq_lens, std::int64_t length) {
   DLO_CHECK(x.dim() == 3 && x.size(0) == static_cast<std::int64_t>(seq_lens.size()),
             "trim_and_zero_pad: need [B, L, D] and B lengths");
-  at::Tensor out = x.clone();
+  if (length < 0) length = x.size(1);
+  DLO_CHECK(length >= x.size(1), "trim_and_zero_pad: length ", length, " is below the ", x.size(1), " rows");
+  at::Tensor out = at::zeros({x.size(0), length, x.size(2)}, x.options());
+  out.narrow(1, 0, x.size(1)).copy_(x);
   for (std::int64_t b = 0; b < x.size(0); ++b) {
-    const std::int64_t n = std::clamp<std::int64_t>(seq_lens[b], 0, x.size(1));
-    out[b].narrow(0, n, x.size(1) - n).zero_();
+    const std::int64_t n = std::clamp<std::int64_t>(seq_lens[b], 0, length);
+    out[b].narrow(0, n, length - n).zero_();
   }
   return out;
 }
 
-at::Tensor Umt5Encoder::end(const Umt5ForwardState& s) const { return trim_and_zero_pad(final_norm(s), s.seq_lens); }
+at::Tensor Umt5Encoder::end(const Umt5ForwardState& s) const {
+  return trim_and_zero_pad(final_norm(s), s.seq_lens, s.output_length);
+}
 
-at::Tensor Umt5Encoder::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask) const {
+at::Tensor Umt5Encoder::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask, bool compact) const {
   DLO_CHECK(static_cast<std::int64_t>(blocks_.size()) == config_.num_layers,
             "forward() needs the block weights; load with load_blocks=true");
-  Umt5ForwardState s = begin(input_ids, attention_mask);
+  Umt5ForwardState s = begin(input_ids, attention_mask, compact);
   for (const auto& b : blocks_) s.h = umt5_block_forward(b, s, s.h, config_);
   return end(s);
 }

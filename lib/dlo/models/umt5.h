@@ -91,7 +91,8 @@ struct Umt5BlockWeights {
 };
 
 struct Umt5GlobalWeights {
-  at::Tensor shared;      // shared.weight [vocab, d_model] (or encoder.embed_tokens.weight)
+  at::Tensor shared;      // shared.weight [vocab, d_model] (or encoder.embed_tokens.weight), always a
+                          // view in the checkpoint's dtype: gathered rows are converted in begin()
   at::Tensor final_norm;  // encoder.final_layer_norm.weight [d_model]
 };
 
@@ -101,7 +102,8 @@ struct Umt5ForwardState {
   at::Tensor key_mask;       // [B, 1, L, L] bool (true: attend), undefined when nothing is padded
   at::Tensor bucket;         // [L, L] int64 relative position buckets
   std::vector<std::int64_t> seq_lens;  // real tokens per row (attention_mask sum)
-  std::int64_t batch = 0, length = 0;
+  std::int64_t batch = 0, length = 0;  // length: the sequence the blocks see
+  std::int64_t output_length = 0;      // the input's L, which end() pads back to
 };
 
 // One encoder block (UMT5Block.forward), returning the new hidden states. Thread-compatible.
@@ -121,14 +123,18 @@ class Umt5Encoder {
 
   // Validates inputs (naming the bad one) and embeds. input_ids: [B, L] integer, values in
   // [0, vocab_size); attention_mask: [B, L] of 0/1 (integer or bool), or undefined for all ones.
-  Umt5ForwardState begin(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
-  // last_hidden_state: the final RMS norm of the hidden states, [B, L, d_model].
+  // `compact` (opt-in, not transformers' arithmetic): the blocks see only the first
+  // max(seq_lens) positions instead of all L, and end() pads back with zeros. The real tokens'
+  // outputs are the same up to float rounding (padded keys get zero attention weight either way),
+  // and a short prompt padded to 512 costs a fraction. Needs right padding (each mask row 1...1 0...0).
+  Umt5ForwardState begin(const at::Tensor& input_ids, const at::Tensor& attention_mask, bool compact = false) const;
+  // last_hidden_state: the final RMS norm of the hidden states, [B, s.length, d_model].
   at::Tensor final_norm(const Umt5ForwardState& s) const;
   // The pipeline's prompt embedding: last_hidden_state with rows past each prompt's length set to
-  // exact zeros ([B, L, d_model], compute dtype).
+  // exact zeros ([B, L, d_model] with the input's L, compute dtype).
   at::Tensor end(const Umt5ForwardState& s) const;
   // begin, every resident block, end (load_blocks must have been true).
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask, bool compact = false) const;
 
   const Umt5BlockWeights& block(std::int64_t i) const { return blocks_.at(static_cast<std::size_t>(i)); }
   const Umt5GlobalWeights& global() const { return global_; }
@@ -144,8 +150,10 @@ class Umt5Encoder {
 };
 
 // The pipeline's trim + zero-pad: rows r >= seq_lens[b] of `last_hidden_state` [B, L, D] become
-// zeros (the same values as `torch.cat([u[:n], u.new_zeros(L - n, D)])`).
-at::Tensor trim_and_zero_pad(const at::Tensor& last_hidden_state, const std::vector<std::int64_t>& seq_lens);
+// zeros, and the result is padded with zero rows to `length` rows (-1: L); the same values as
+// `torch.cat([u[:n], u.new_zeros(length - n, D)])`.
+at::Tensor trim_and_zero_pad(const at::Tensor& last_hidden_state, const std::vector<std::int64_t>& seq_lens,
+                             std::int64_t length = -1);
 
 // Random-weight text_encoder/ folder: config.json + model.safetensors (or shards + index when
 // the tensors exceed shard_bytes; 0: one file). Values depend only on (seed, tensor name);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
@@ -311,7 +312,7 @@ at::Tensor wan_causal_conv3d(at::Tensor x, const WanVaeConv& conv, std::array<st
     // the intermediate cat, and with `x` released before the convolution runs.
     const std::int64_t th = use_history ? history.size(2) : 0, front = padding[4] - th;
     const std::int64_t t = x.size(2), h = x.size(3), w = x.size(4);
-    DLO_ASSERT(front >= 0, "history of ", th, " frames exceeds the causal padding ", padding[4]);
+    DLO_CHECK(front >= 0, "causal conv: a history of ", th, " frames exceeds the causal padding of ", padding[4]);
     at::Tensor in = at::zeros({x.size(0), x.size(1), front + th + t, h + 2 * pad[1], w + 2 * pad[2]}, x.options());
     auto interior = [&](std::int64_t t0, std::int64_t n) {
       return in.narrow(2, t0, n).narrow(3, pad[1], h).narrow(4, pad[2], w);
@@ -348,9 +349,11 @@ at::Tensor wan_vae_rms_norm(const at::Tensor& x, const at::Tensor& gamma) {
   at::Tensor denom = at::linalg_vector_norm(in, 2.0, at::IntArrayRef{1}, true).clamp_min(1e-12).expand_as(in);
   at::Tensor out = (in / denom).to(dt);
   // `normalized * scale * gamma + bias` with bias 0.0 (x + 0.0 == x, so the add is left out). In
-  // place: the same values and layout as diffusers' temporaries, without their memory.
+  // place: the same values and layout as diffusers' temporaries, without their memory. The scale
+  // goes in as a wrapped-number tensor, as Python passes it: mul_(Scalar) in C++ would round it to
+  // the tensor's dtype first (different bf16/fp16 results).
   const double scale = std::pow(static_cast<double>(x.size(1)), 0.5);
-  return out.mul_(scale).mul_(gamma);
+  return out.mul_(at::native::wrapped_scalar_tensor(scale)).mul_(gamma);
 }
 
 WanCausalCache& WanVaeDecodeState::take() {
@@ -364,9 +367,11 @@ namespace {
 // diffusers' out-of-place ops); each activation is released as soon as it has been consumed.
 at::Tensor res_block(const WanVaeResBlockWeights& w, const at::Tensor& x_in, WanVaeDecodeState& st) {
   const at::Tensor h = w.shortcut.w.defined() ? wan_causal_conv3d(x_in, w.shortcut, {0, 0, 0}) : x_in;
-  at::Tensor x = at::silu_(wan_vae_rms_norm(x_in, w.norm1));
+  at::Tensor x = wan_vae_rms_norm(x_in, w.norm1);
+  at::silu_(x);
   x = wan_cached_causal_conv3d(std::move(x), w.conv1, {1, 1, 1}, st.take());
-  x = at::silu_(wan_vae_rms_norm(x, w.norm2));
+  x = wan_vae_rms_norm(x, w.norm2);
+  at::silu_(x);
   x = wan_cached_causal_conv3d(std::move(x), w.conv2, {1, 1, 1}, st.take());
   return x.add_(h);
 }
@@ -428,7 +433,8 @@ at::Tensor wan_vae_decoder_chunk(const WanVaeDecoderWeights& w, const at::Tensor
     for (const auto& r : up.resnets) x = res_block(r, x, st);
     if (up.mode != WanVaeUpsample::kNone) x = resample(up, x, st);
   }
-  x = at::silu_(wan_vae_rms_norm(x, w.norm_out));
+  x = wan_vae_rms_norm(x, w.norm_out);
+  at::silu_(x);
   return wan_cached_causal_conv3d(std::move(x), w.conv_out, {1, 1, 1}, st.take());
 }
 

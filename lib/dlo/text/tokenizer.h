@@ -4,7 +4,8 @@
 // What is equal to transformers 5.x, and how:
 //  * prompt_clean() is diffusers' pipeline_wan.prompt_clean *without ftfy* (diffusers skips
 //    ftfy.fix_text when ftfy is not installed, as in the project venv): html.unescape twice,
-//    strip, every run of Unicode whitespace -> one space, strip.
+//    strip, every run of Unicode whitespace -> one space, strip. Where ftfy is installed,
+//    diffusers also runs ftfy.fix_text (mojibake repair, NFC, ...), which dlo does not.
 //  * Special tokens (<pad>, </s>, <unk>, <extra_id_N>, and the model's control / user-defined
 //    pieces) are cut out of the raw text first, leftmost-longest, as tokenizers' AddedVocabulary
 //    does. Between them the text goes through transformers' pipeline, reimplemented on the data of
@@ -14,7 +15,10 @@
 //    Unigram Viterbi of tokenizers (f64 scores, first-best on ties, unknown characters fused into
 //    one <unk>, unknown score = min score - 10).
 //    SentencePiece's own Encode() differs from transformers on ties and on some combining
-//    sequences, which is why it is not used for encoding.
+//    sequences, which is why it is not used for encoding. Residual risk: the grapheme break data
+//    (text_tables.cpp) is the venv `regex` package's Unicode version, not necessarily that of the
+//    Rust unicode-segmentation crate inside tokenizers; they differ only for newly encoded
+//    characters.
 //  * The vocabulary is the SentencePiece pieces followed by the `extra_ids` sentinels in reverse
 //    (<extra_id_{n-1}> ... <extra_id_0>), as transformers' T5 converter builds it.
 //
