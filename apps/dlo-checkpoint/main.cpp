@@ -117,7 +117,7 @@ int make(int argc, char** argv) {
       "seed", "random seed", cxxopts::value<std::uint64_t>()->default_value("0"))(
       "shard-size", "max bytes per shard (0: one file)", cxxopts::value<std::string>()->default_value("10GB"))(
       "components", "comma-separated components (transformer, scheduler, vae, text_encoder, tokenizer)",
-      cxxopts::value<std::string>()->default_value("transformer,scheduler"))(
+      cxxopts::value<std::string>()->default_value("transformer,scheduler,vae,text_encoder,tokenizer"))(
       "vae-preset", "VAE shape: " + vae_presets, cxxopts::value<std::string>()->default_value("wan2.1-vae-small"))(
       "vae-base-dim", "VAE base_dim (channels of the last decoder stage)", cxxopts::value<std::int64_t>())(
       "vae-dtype", "VAE weights: fp32, bf16 or fp16", cxxopts::value<std::string>()->default_value("fp32"))(

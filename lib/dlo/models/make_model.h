@@ -27,7 +27,7 @@ struct MakeModelOptions {
   // Components to write; the known ones: "transformer", "scheduler", "vae", "text_encoder",
   // "tokenizer" (a SentencePiece model trained on a built-in text; see dlo/text/tokenizer.h)
   // (plus model_index.json).
-  std::vector<std::string> components{"transformer", "scheduler"};
+  std::vector<std::string> components{"transformer", "scheduler", "vae", "text_encoder", "tokenizer"};
 };
 
 struct MakeModelResult {
