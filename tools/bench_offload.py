@@ -169,7 +169,7 @@ def main():
     ap.add_argument("--text-len", type=int, default=512)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--mem-layers", type=int, default=6, help="14B-shape blocks for the dlo memory run (6: 4.4 GiB)")
-    ap.add_argument("--scale-layers", type=int, default=17, help="14B-shape blocks for the scale run (17: 12.0 GiB)")
+    ap.add_argument("--scale-layers", type=int, default=18, help="14B-shape blocks for the scale run (18: 12.2 GiB, just over half of 23.5 GiB)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:
         for w in a.what:

@@ -60,6 +60,8 @@ std::int64_t device_peak_bytes(at::Device d) {
 TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<std::string, at::Tensor>& inputs,
                                          const TransformerJobOptions& o) {
   // Everything that can fail on bad input happens first, then all ranks agree nobody failed.
+  const ProcessMemory at_start = read_process_memory();
+  ProcessMemory after_load;
   std::string error;
   at::Device device = at::kCPU;
   std::optional<WanTransformer> model;
@@ -71,6 +73,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     model.emplace(WanTransformer::load(o.model_dir + "/transformer", o.dtype, /*load_blocks=*/false));
     model->to_device(device);
     runner = std::make_unique<WanOffloadRunner>(*model, world.size());
+    after_load = read_process_memory();  // the model built (views), nothing computed yet
     if (!o.random_latent.empty()) {
       DLO_CHECK(o.random_latent.size() == 4, "random inputs need F, H, W and the text length L");
       const auto& c = model->config();
@@ -179,6 +182,8 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       {"bytes_gathered", es.bytes_gathered},
       {"blocks_acquired", es.blocks_acquired},
       {"pack_s", es.pack_s},
+      {"rss_kb_at_start", at_start.rss_kb},
+      {"rss_kb_after_model_load", after_load.rss_kb},
       {"rss_kb_before_engine", before.rss_kb},
       {"rss_kb_after_engine", after_pack.rss_kb},
       {"rss_kb", end.rss_kb},
