@@ -83,7 +83,8 @@ if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$BUILD_DIR/.dlo-venv" 2>/dev/n
 fi
 if ((BUILD)); then
   say "building ($BUILD_DIR)"
-  # Relative paths in the ccache key, so fresh clones elsewhere (CI) reuse the cache.
-  CCACHE_BASEDIR=$ROOT cmake --build "$BUILD_DIR" -j "$(nproc)"
+  # Relative paths in the ccache key and no build directory in it (debug builds would hash it),
+  # so fresh clones elsewhere (CI) reuse the cache.
+  CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1 cmake --build "$BUILD_DIR" -j "$(nproc)"
 fi
 say "done"
