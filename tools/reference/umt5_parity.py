@@ -20,16 +20,15 @@ Two input modes:
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from types import SimpleNamespace
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from parity_common import DTYPES, add_common_args, make_model, rel_err, run_dlo_forward
 
 PROMPTS = [
     "A red fox runs through a snowy forest at dawn, its breath rising in small white clouds.",
@@ -40,40 +39,22 @@ PROMPTS = [
 ]
 
 
-def rel_err(a, b):
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return float("inf")
-    ref = b.double().norm().item()
-    diff = (a.double() - b.double()).norm().item()
-    return diff / ref if ref > 0 else diff
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True, help="folder holding dlo-checkpoint and dlo-forward")
-    ap.add_argument("--model", help="existing model directory with text_encoder/ (+ tokenizer/); else one is made")
-    ap.add_argument("--make-args", default="", help="extra dlo-checkpoint make flags, e.g. '--te-layers 3'")
-    ap.add_argument("--weights-dtype", default="fp32", help="dtype the checkpoint is stored in")
-    ap.add_argument("--dtype", default="fp32", choices=DTYPES, help="compute dtype of both runs")
+    add_common_args(ap, "--te-layers 3")
     ap.add_argument("--prompts", action="store_true", help="end to end from prompts (see above)")
     ap.add_argument("--batch", type=int, default=3)
     ap.add_argument("--text-len", type=int, default=40, help="L of the random input_ids / max_sequence_length")
     ap.add_argument("--compact", action="store_true",
                     help="ours in compact mode (the blocks see only the real tokens; equal up to rounding)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tol", type=float, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model
-        if model is None:
-            model = os.path.join(tmp, "model")
-            cmd = [os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--dtype", args.weights_dtype,
-                   "--seed", str(args.seed), "--components", "text_encoder,tokenizer"]
-            subprocess.run(cmd + args.make_args.split(), check=True, stdout=subprocess.DEVNULL)
+        model = make_model(args, tmp, "--dtype", args.weights_dtype, "--components", "text_encoder,tokenizer")
         from transformers import UMT5EncoderModel
 
         ref_model = UMT5EncoderModel.from_pretrained(os.path.join(model, "text_encoder"), dtype=dtype).eval()
@@ -101,12 +82,7 @@ def main():
                 ids[b, n:] = 0  # pad id, as the tokenizer pads
             save_file({"input_ids": ids, "attention_mask": mask, "compact": torch.tensor(int(args.compact))}, inputs)
 
-        t0 = time.perf_counter()
-        subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "text_encoder",
-                        "--inputs", inputs, "--out", out, "--dtype", args.dtype, "--threads", str(args.threads)],
-                       check=True)
-        t_ours = time.perf_counter() - t0
-        ours = load_file(out)
+        ours, t_ours = run_dlo_forward(args, model, "text_encoder", inputs, out)
 
         checks = []
         t0 = time.perf_counter()

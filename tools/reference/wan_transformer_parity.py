@@ -10,25 +10,20 @@ Exit 0 when ||ours - ref|| / ||ref|| <= --tol, else 1.
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from parity_common import DTYPES, add_common_args, make_model, max_abs, rel_err, run_dlo_forward
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True, help="folder holding dlo-checkpoint and dlo-forward")
-    ap.add_argument("--model", help="existing model directory (else one is generated)")
+    add_common_args(ap, "--layers 3 --heads 3")
     ap.add_argument("--preset", default="wan-test")
-    ap.add_argument("--make-args", default="", help="extra dlo-checkpoint make flags, e.g. '--layers 3 --heads 3'")
-    ap.add_argument("--weights-dtype", default="fp32", help="dtype the checkpoint is stored in")
-    ap.add_argument("--dtype", default="fp32", choices=DTYPES, help="compute dtype of both runs")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--frames", type=int, default=2)
     ap.add_argument("--height", type=int, default=16)
@@ -36,20 +31,13 @@ def main():
     ap.add_argument("--text-len", type=int, default=12)
     ap.add_argument("--diffusers-test-inputs", action="store_true",
                     help="inputs drawn exactly as diffusers' transformer unit test draws them")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tol", type=float, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model
-        if model is None:
-            model = os.path.join(tmp, "model")
-            cmd = [os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--preset", args.preset,
-                   "--dtype", args.weights_dtype, "--seed", str(args.seed), "--components", "transformer"]
-            subprocess.run(cmd + args.make_args.split(), check=True, stdout=subprocess.DEVNULL)
+        model = make_model(args, tmp, "--preset", args.preset, "--dtype", args.weights_dtype, "--components",
+                           "transformer")
         from diffusers import WanTransformer3DModel
         ref_model = WanTransformer3DModel.from_pretrained(os.path.join(model, "transformer"), torch_dtype=dtype).eval()
         cfg = ref_model.config
@@ -69,22 +57,16 @@ def main():
         inputs = os.path.join(tmp, "in.safetensors")
         out = os.path.join(tmp, "out.safetensors")
         save_file({"hidden_states": x.contiguous(), "timestep": t, "encoder_hidden_states": ctx.contiguous()}, inputs)
-        t0 = time.perf_counter()
-        subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "transformer",
-                        "--inputs", inputs, "--out", out, "--dtype", args.dtype, "--threads", str(args.threads)],
-                       check=True)
-        t_ours = time.perf_counter() - t0
-        ours = load_file(out)["output"]
+        ours, t_ours = run_dlo_forward(args, model, "transformer", inputs, out)
+        ours = ours["output"]
 
         t0 = time.perf_counter()
         with torch.no_grad():
             ref = ref_model(hidden_states=x, timestep=t, encoder_hidden_states=ctx, return_dict=False)[0]
         t_ref = time.perf_counter() - t0
 
-    ok_shape = ours.shape == ref.shape and ours.dtype == ref.dtype
-    rel = ((ours.double() - ref.double()).norm() / ref.double().norm()).item() if ok_shape else float("inf")
-    maxabs = (ours.double() - ref.double()).abs().max().item() if ok_shape else float("inf")
-    verdict = "PASS" if ok_shape and rel <= args.tol else "FAIL"
+    rel, maxabs = rel_err(ours, ref), max_abs(ours, ref)
+    verdict = "PASS" if rel <= args.tol else "FAIL"
     print(f"{verdict}: transformer {args.dtype} shape {tuple(ref.shape)} rel_err {rel:.3e} (tol {args.tol:.1e}) "
           f"max_abs {maxabs:.3e} ref_norm {ref.double().norm().item():.3e}; "
           f"ours {ours.dtype}{tuple(ours.shape)}; wall ours {t_ours:.2f}s (incl. process start) ref {t_ref:.2f}s")

@@ -18,16 +18,15 @@ diffusers' model for that config. Exit 0 when ||ours - ref|| / ||ref|| <= --tol,
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from parity_common import DTYPES, add_common_args, make_model, max_abs, rel_err, run_dlo_forward
 
 
 def checkpoint_shapes(vae_dir):
@@ -42,22 +41,15 @@ def checkpoint_shapes(vae_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True, help="folder holding dlo-checkpoint and dlo-forward")
-    ap.add_argument("--model", help="existing model directory with a vae/ folder (else one is generated)")
+    add_common_args(ap, "--vae-base-dim 32")
     ap.add_argument("--vae-preset", default="wan-vae-test")
-    ap.add_argument("--make-args", default="", help="extra dlo-checkpoint make flags, e.g. '--vae-base-dim 32'")
     ap.add_argument("--diffusers-init", metavar="JSON",
                     help="instead of dlo-checkpoint make: AutoencoderKLWan(**JSON) with diffusers' own random init, "
                          "written by save_pretrained (tests configs the make flags cannot express)")
-    ap.add_argument("--weights-dtype", default="fp32", help="dtype the checkpoint is stored in")
-    ap.add_argument("--dtype", default="fp32", choices=DTYPES, help="the VAE's dtype in both runs")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--frames", type=int, default=2, help="latent frames")
     ap.add_argument("--height", type=int, default=4, help="latent height")
     ap.add_argument("--width", type=int, default=4, help="latent width")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tol", type=float, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
@@ -73,10 +65,8 @@ def main():
                 ref_init = ref_init.to(DTYPES[args.weights_dtype])
             ref_init.save_pretrained(os.path.join(model, "vae"))
         elif model is None:
-            model = os.path.join(tmp, "model")
-            cmd = [os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--components", "vae",
-                   "--vae-preset", args.vae_preset, "--vae-dtype", args.weights_dtype, "--seed", str(args.seed)]
-            subprocess.run(cmd + args.make_args.split(), check=True, stdout=subprocess.DEVNULL)
+            model = make_model(args, tmp, "--components", "vae", "--vae-preset", args.vae_preset, "--vae-dtype",
+                               args.weights_dtype)
         vae_dir = os.path.join(model, "vae")
         vae = AutoencoderKLWan.from_pretrained(vae_dir, torch_dtype=dtype).eval()
         cfg = vae.config
@@ -96,12 +86,8 @@ def main():
         inputs = os.path.join(tmp, "in.safetensors")
         out = os.path.join(tmp, "out.safetensors")
         save_file({"latents": latents.contiguous()}, inputs)
-        t0 = time.perf_counter()
-        subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "vae",
-                        "--inputs", inputs, "--out", out, "--dtype", args.dtype, "--threads", str(args.threads)],
-                       check=True)
-        t_ours = time.perf_counter() - t0
-        ours = load_file(out)["output"]
+        ours, t_ours = run_dlo_forward(args, model, "vae", inputs, out)
+        ours = ours["output"]
 
         # WanPipeline.__call__'s decode step, verbatim (pipelines/wan/pipeline_wan.py).
         t0 = time.perf_counter()
@@ -119,9 +105,9 @@ def main():
     temporal = 2 ** sum(cfg.temperal_downsample)
     want_shape = (args.batch, cfg.out_channels, 1 + temporal * (args.frames - 1), args.height * spatial,
                   args.width * spatial)
-    ok_shape = tuple(ref.shape) == want_shape and ours.shape == ref.shape and ours.dtype == ref.dtype
-    rel = ((ours.double() - ref.double()).norm() / ref.double().norm()).item() if ok_shape else float("inf")
-    maxabs = (ours.double() - ref.double()).abs().max().item() if ok_shape else float("inf")
+    ok_shape = tuple(ref.shape) == want_shape
+    rel = rel_err(ours, ref) if ok_shape else float("inf")
+    maxabs = max_abs(ours, ref)
     bitwise = ok_shape and torch.equal(ours, ref)
     clamped = (ref.abs() >= 1).double().mean().item()
     verdict = "PASS" if ok_shape and rel <= args.tol else "FAIL"

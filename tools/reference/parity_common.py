@@ -1,0 +1,52 @@
+"""What the parity scripts share: their common flags, making a random model with
+`dlo-checkpoint make`, running `dlo-forward` on it, and the relative error."""
+import os
+import subprocess
+import time
+
+import torch
+from safetensors.torch import load_file
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def add_common_args(ap, make_example):
+    ap.add_argument("--bin", required=True, help="folder holding dlo-checkpoint and dlo-forward")
+    ap.add_argument("--model", help="existing model directory (else one is generated)")
+    ap.add_argument("--make-args", default="", help=f"extra dlo-checkpoint make flags, e.g. '{make_example}'")
+    ap.add_argument("--weights-dtype", default="fp32", help="dtype the checkpoint is stored in")
+    ap.add_argument("--dtype", default="fp32", choices=DTYPES, help="compute dtype of both runs")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tol", type=float, required=True)
+
+
+def make_model(args, tmp, *flags):
+    """args.model, or a random model written into tmp by `dlo-checkpoint make FLAGS --seed S MAKE_ARGS`."""
+    if args.model is not None:
+        return args.model
+    model = os.path.join(tmp, "model")
+    cmd = [os.path.join(args.bin, "dlo-checkpoint"), "make", model, *flags, "--seed", str(args.seed)]
+    subprocess.run(cmd + args.make_args.split(), check=True, stdout=subprocess.DEVNULL)
+    return model
+
+
+def run_dlo_forward(args, model, component, inputs, out):
+    """Runs dlo-forward once; returns (its output tensors, wall seconds including process start)."""
+    t0 = time.perf_counter()
+    subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", component, "--inputs",
+                    inputs, "--out", out, "--dtype", args.dtype, "--threads", str(args.threads)], check=True)
+    return load_file(out), time.perf_counter() - t0
+
+
+def rel_err(a, b):
+    """||a - b|| / ||b|| in float64; inf when shape or dtype differ."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return float("inf")
+    ref = b.double().norm().item()
+    diff = (a.double() - b.double()).norm().item()
+    return diff / ref if ref > 0 else diff
+
+
+def max_abs(a, b):
+    return (a.double() - b.double()).abs().max().item() if a.shape == b.shape else float("inf")
