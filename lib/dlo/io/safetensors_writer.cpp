@@ -1,8 +1,5 @@
 #include "dlo/io/safetensors_writer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -15,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
 #include "dlo/io/safetensors.h"
 
 namespace dlo {
@@ -22,47 +20,6 @@ namespace fs = std::filesystem;
 using ordered_json = nlohmann::ordered_json;
 
 namespace {
-
-// A file written under a temporary name; commit() renames it into place, the destructor removes
-// it otherwise.
-class PendingFile {
- public:
-  explicit PendingFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    DLO_CHECK(fd_ >= 0, "cannot create '", tmp_, "': ", std::strerror(errno));
-  }
-  ~PendingFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  PendingFile(const PendingFile&) = delete;
-  PendingFile& operator=(const PendingFile&) = delete;
-
-  void write(const void* data, std::size_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      ssize_t w = ::write(fd_, p, std::min<std::size_t>(n, 1u << 30));
-      if (w < 0 && errno == EINTR) continue;
-      DLO_CHECK(w > 0, "writing '", tmp_, "': ", std::strerror(errno));
-      p += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-  void close() {
-    DLO_CHECK(::close(fd_) == 0, "closing '", tmp_, "': ", std::strerror(errno));
-    fd_ = -1;
-  }
-  void commit() {
-    DLO_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "renaming '", tmp_, "' to '", path_,
-              "': ", std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
 
 void check_specs(const std::vector<TensorSpec>& specs) {
   std::set<std::string_view> names;
@@ -75,7 +32,7 @@ void check_specs(const std::vector<TensorSpec>& specs) {
 }
 
 // Writes the tensors `order` (indices into specs) as one file. `buffer` holds the largest tensor.
-void write_one(PendingFile& out, const std::vector<TensorSpec>& specs, std::vector<std::size_t> order,
+void write_one(AtomicFile& out, const std::vector<TensorSpec>& specs, std::vector<std::size_t> order,
                const FillFn& fill, const std::map<std::string, std::string>& metadata,
                std::vector<std::byte>& buffer) {
   // Larger elements first (stable), as Python safetensors does, so every tensor starts at an
@@ -105,7 +62,6 @@ void write_one(PendingFile& out, const std::vector<TensorSpec>& specs, std::vect
     fill(i, specs[i], buffer.data());
     out.write(buffer.data(), n);
   }
-  out.close();
 }
 
 std::vector<std::byte> largest_buffer(const std::vector<TensorSpec>& specs) {
@@ -131,7 +87,7 @@ void write_safetensors_file(const std::string& path, const std::vector<TensorSpe
   std::vector<std::size_t> order(specs.size());
   std::iota(order.begin(), order.end(), 0);
   auto buffer = largest_buffer(specs);
-  PendingFile out(path);
+  AtomicFile out(path);
   write_one(out, specs, order, fill, metadata, buffer);
   out.commit();
 }
@@ -163,7 +119,7 @@ WriteResult write_safetensors_dir(const std::string& dir, const std::vector<Tens
 
   auto buffer = largest_buffer(specs);
   const std::size_t count = shards.size();
-  std::vector<std::unique_ptr<PendingFile>> pending;
+  std::vector<std::unique_ptr<AtomicFile>> pending;
   ordered_json weight_map = ordered_json::object();
   std::map<std::string, std::string> names;  // sorted weight map
   for (std::size_t k = 0; k < count; ++k) {
@@ -174,20 +130,19 @@ WriteResult write_safetensors_dir(const std::string& dir, const std::vector<Tens
       std::snprintf(file, sizeof file, "%s-%05zu-of-%05zu.safetensors", options.base_name.c_str(),
                     k + 1, count);
     const std::string path = (fs::path(dir) / file).string();
-    pending.push_back(std::make_unique<PendingFile>(path));
+    pending.push_back(std::make_unique<AtomicFile>(path));
     write_one(*pending.back(), specs, shards[k], fill, options.metadata, buffer);
     result.files.push_back(path);
     for (std::size_t i : shards[k]) names[specs[i].name] = file;
   }
-  std::unique_ptr<PendingFile> index;
+  std::unique_ptr<AtomicFile> index;
   if (count > 1) {
     result.index_path = (fs::path(dir) / (options.base_name + ".safetensors.index.json")).string();
     for (const auto& [name, file] : names) weight_map[name] = file;
     ordered_json j = {{"metadata", {{"total_size", result.total_bytes}}}, {"weight_map", weight_map}};
     const std::string text = j.dump(2) + "\n";
-    index = std::make_unique<PendingFile>(result.index_path);
+    index = std::make_unique<AtomicFile>(result.index_path);
     index->write(text.data(), text.size());
-    index->close();
   }
   for (auto& p : pending) p->commit();
   if (index) index->commit();
