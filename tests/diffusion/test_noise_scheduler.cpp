@@ -47,6 +47,12 @@ struct Goldens {
   at::Tensor get(const std::string& name) const { return tensor_view(ck, name).clone(); }
 };
 
+// The device the chains run on: DLO_SCHEDULER_DEVICE (the parity script's --device), else the CPU.
+at::Device chain_device() {
+  const char* env = std::getenv("DLO_SCHEDULER_DEVICE");
+  return at::Device(env && *env ? env : "cpu");
+}
+
 const Goldens& goldens() {
   static const Goldens g = [] {
     Checkpoint ck = Checkpoint::open(goldens_path());
@@ -167,12 +173,17 @@ TEST_CASE("diffusers goldens: timesteps and sigmas are bitwise diffusers' (both 
 TEST_CASE("diffusers goldens: step chains are bitwise diffusers' (fp32 and bf16 model outputs, every option)") {
   // Bitwise: the same ATen ops run in the same order on the same dtypes and devices as diffusers.
   const auto& g = goldens();
+  const at::Device dev = chain_device();
   int n = 0;
   for (const auto& c : g.cases("chain/")) {
     CAPTURE(c);
     auto s = scheduler_for(c);
-    const at::Tensor mo = g.get(c + "/model_output"), want = g.get(c + "/out");
-    const auto outs = run_chain(*s, g.get(c + "/sample0"), mo);
+    const at::Tensor mo = g.get(c + "/model_output").to(dev), want = g.get(c + "/out");
+    auto outs = run_chain(*s, g.get(c + "/sample0").to(dev), mo);
+    for (auto& o : outs) {
+      CHECK(o.device() == dev);
+      o = o.cpu();
+    }
     REQUIRE(static_cast<std::int64_t>(outs.size()) == want.size(0));
     CHECK(s->step_index() == want.size(0));
     for (std::size_t i = 0; i < outs.size(); ++i) {
