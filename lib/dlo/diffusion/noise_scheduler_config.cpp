@@ -241,8 +241,9 @@ NoiseSchedulerConfig NoiseSchedulerConfig::from_json_text(const std::string& tex
 }
 
 void NoiseSchedulerConfig::validate() const {
-  DLO_CHECK(num_train_timesteps >= 1, "noise scheduler: num_train_timesteps is ", num_train_timesteps,
-            ", must be >= 1");
+  // The Euler scheduler builds a training schedule of this many entries (Wan: 1000).
+  DLO_CHECK(num_train_timesteps >= 1 && num_train_timesteps <= 1000000, "noise scheduler: num_train_timesteps is ",
+            num_train_timesteps, ", must be in 1..1000000");
   DLO_CHECK(std::isfinite(flow_shift) && flow_shift > 0, "noise scheduler: flow shift is ", flow_shift,
             ", must be a positive number");
   if (kind == NoiseSchedulerKind::kFlowEuler) return;
