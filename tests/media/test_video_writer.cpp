@@ -170,7 +170,26 @@ TEST_CASE("mp4: ffprobe sees h264 yuv420p with the size and every frame and the 
   CHECK(psnr(rgb, std::vector<std::uint8_t>(theirs.begin(), theirs.end())) > 35.0);
 }
 
-TEST_CASE("mp4: fps and crf and preset reach the stream") {
+TEST_CASE("mp4: the same frames as the ffmpeg CLI encodes from the same RGB (libx264 crf 25 medium yuv420p)") {
+  // diffusers' export_to_video runs ffmpeg (through imageio) with these settings: the H.264 stream
+  // must decode to the same YUV frames, so the conversion (sws bicubic, BT.601 tv) and the
+  // encoder settings are the ones users get from diffusers.
+  TempDir dir;
+  const auto rgb = make_frames(kW, kH, kN, 3);
+  dlo::test::write_file(dir.file("frames.rgb"), std::string(rgb.begin(), rgb.end()));
+  run(std::string(DLO_TEST_FFMPEG) + " -v error -nostdin -f rawvideo -pix_fmt rgb24 -s " + std::to_string(kW) + "x" +
+      std::to_string(kH) + " -r 16 -i '" + dir.file("frames.rgb") +
+      "' -c:v libx264 -crf 25 -preset medium -pix_fmt yuv420p '" + dir.file("cli.mp4") + "'");
+  write_video(dir.file("ours.mp4"), kW, kH, kN, rgb, VideoOptions{});
+  auto yuv = [&](const std::string& f) {
+    return run(std::string(DLO_TEST_FFMPEG) + " -v error -nostdin -i '" + f + "' -f rawvideo -pix_fmt yuv420p -");
+  };
+  const std::string theirs = yuv(dir.file("cli.mp4")), ours = yuv(dir.file("ours.mp4"));
+  CHECK(theirs.size() == std::size_t(kW) * kH * 3 / 2 * kN);
+  CHECK(ours == theirs);
+}
+
+TEST_CASE("mp4: fps and crf and preset reach the stream and the index comes first") {
   TempDir dir;
   const auto rgb = make_frames(kW, kH, 5, 3);
   VideoOptions o;
@@ -183,6 +202,7 @@ TEST_CASE("mp4: fps and crf and preset reach the stream") {
   CHECK(j["streams"][0]["nb_read_frames"] == "5");
   // x264 records its settings in the stream (SEI): the preset's and the crf's traces.
   const std::string bytes = read_file(dir.file("a.mp4"));
+  CHECK(bytes.find("moov") < bytes.find("mdat"));  // +faststart: the index first
   CHECK(bytes.find("crf=40.0") != std::string::npos);
   CHECK(bytes.find("subme=0") != std::string::npos);  // ultrafast; medium has subme=7
   CHECK(read_video(dir.file("a.mp4")).fps == 24.0);
