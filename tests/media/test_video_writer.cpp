@@ -228,6 +228,13 @@ TEST_CASE("ffv1: lossless and ffprobe sees ffv1 in matroska with every frame and
   CHECK(s["nb_read_frames"] == std::to_string(kN));
   CHECK(s["r_frame_rate"] == "16/1");
   CHECK(j["format"]["format_name"].get<std::string>().find("matroska") == 0);
+  // Every frame a keyframe (readable alone).
+  CHECK(run(std::string(DLO_TEST_FFPROBE) + " -v error -select_streams v -show_entries frame=key_frame -of csv '" +
+            path + "'") == [] {
+    std::string s;
+    for (int i = 0; i < kN; ++i) s += "frame,1\n";
+    return s;
+  }());
   // Matroska stores tag names upper-case.
   CHECK(j["format"]["tags"]["COMMENT"] == o.tags[0].second);
   CHECK(j["format"]["tags"]["DESCRIPTION"] == o.tags[1].second);

@@ -538,7 +538,13 @@ struct VideoWriter::Impl {
         DLO_CHECK(ret >= 0, "libx264 refused crf ", options.crf, ": ", av_error(ret));
         break;
       case VideoFormat::kFfv1:
-        enc->level = 3;  // FFV1 version 3: per-slice CRCs, the archival choice (ffmpeg wiki, RFC 9043)
+        // The archival settings of ffmpeg's FFV1 guide: version 3 (per-slice CRCs), every frame a
+        // keyframe (any frame can be read alone: datasets seek), the range coder (measured on
+        // 832x480 H.264-decoded frames: 23% smaller than Golomb-Rice, 1.5x the encode time).
+        enc->level = 3;
+        enc->gop_size = 1;
+        ret = av_opt_set(enc->priv_data, "coder", "range_tab", 0);
+        DLO_CHECK(ret >= 0, "ffv1 refused coder range_tab: ", av_error(ret));
         break;
       case VideoFormat::kPng:
         av_opt_set(enc->priv_data, "pred", "paeth", 0);

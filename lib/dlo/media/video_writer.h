@@ -26,7 +26,7 @@ namespace dlo {
 enum class VideoFormat {
   kMp4,   // H.264 (libx264), yuv420p, in MP4: lossy
   kPng,   // a folder of frame_00000.png, ... (RGB24), plus metadata.json: lossless
-  kFfv1,  // FFV1 (version 3) in Matroska, 8-bit RGB (bgr0, its 8-bit RGB input): lossless
+  kFfv1,  // FFV1 (version 3, range coder, all keyframes) in Matroska, 8-bit RGB (bgr0): lossless
 };
 
 // "mp4" | "png" | "ffv1"; anything else throws dlo::Error naming the value and the choices.
