@@ -189,6 +189,30 @@ TEST_CASE("mp4: the same frames as the ffmpeg CLI encodes from the same RGB (lib
   CHECK(ours == theirs);
 }
 
+TEST_CASE("mp4: every tag name it accepts shows in ffprobe and others are refused") {
+  TempDir dir;
+  const auto rgb = make_frames(kW, kH, 1, 3);
+  VideoOptions o;
+  const std::vector<std::string> names = {"title", "artist",    "album",    "date",     "comment",  "description",
+                                          "genre", "copyright", "composer", "synopsis", "grouping", "lyrics"};
+  for (const auto& n : names) o.tags.emplace_back(n, "value of " + n);
+  write_video(dir.file("t.mp4"), kW, kH, 1, rgb, o);
+  const auto tags = ffprobe(dir.file("t.mp4"))["format"]["tags"];
+  for (const auto& n : names) {
+    CAPTURE(n);
+    CHECK(tags[n] == "value of " + n);
+  }
+  o.tags = {{"seed", "42"}};
+  CHECK(error_of([&] { check_video_output(dir.file("u.mp4"), o); }) ==
+        "metadata tag 'seed' is not one an MP4 keeps (title, artist, album, date, comment, description, genre, "
+        "copyright, composer, synopsis, grouping, lyrics)");
+  // Matroska and PNG keep any name.
+  o.format = VideoFormat::kFfv1;
+  write_video(dir.file("t.mkv"), kW, kH, 1, rgb, o);
+  CHECK(ffprobe(dir.file("t.mkv"))["format"]["tags"]["SEED"] == "42");
+  CHECK(tag(read_video(dir.file("t.mkv")).tags, "seed") == "42");
+}
+
 TEST_CASE("mp4: fps and crf and preset reach the stream and the index comes first") {
   TempDir dir;
   const auto rgb = make_frames(kW, kH, 5, 3);
