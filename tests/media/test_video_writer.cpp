@@ -170,7 +170,50 @@ TEST_CASE("mp4: ffprobe sees h264 yuv420p with the size and every frame and the 
   CHECK(psnr(rgb, std::vector<std::uint8_t>(theirs.begin(), theirs.end())) > 35.0);
 }
 
-TEST_CASE("mp4: fps and crf and preset reach the stream") {
+TEST_CASE("mp4: the same frames as the ffmpeg CLI encodes from the same RGB (libx264 crf 25 medium yuv420p)") {
+  // diffusers' export_to_video runs ffmpeg (through imageio) with these settings: the H.264 stream
+  // must decode to the same YUV frames, so the conversion (sws bicubic, BT.601 tv) and the
+  // encoder settings are the ones users get from diffusers.
+  TempDir dir;
+  const auto rgb = make_frames(kW, kH, kN, 3);
+  dlo::test::write_file(dir.file("frames.rgb"), std::string(rgb.begin(), rgb.end()));
+  run(std::string(DLO_TEST_FFMPEG) + " -v error -nostdin -f rawvideo -pix_fmt rgb24 -s " + std::to_string(kW) + "x" +
+      std::to_string(kH) + " -r 16 -i '" + dir.file("frames.rgb") +
+      "' -c:v libx264 -crf 25 -preset medium -pix_fmt yuv420p '" + dir.file("cli.mp4") + "'");
+  write_video(dir.file("ours.mp4"), kW, kH, kN, rgb, VideoOptions{});
+  auto yuv = [&](const std::string& f) {
+    return run(std::string(DLO_TEST_FFMPEG) + " -v error -nostdin -i '" + f + "' -f rawvideo -pix_fmt yuv420p -");
+  };
+  const std::string theirs = yuv(dir.file("cli.mp4")), ours = yuv(dir.file("ours.mp4"));
+  CHECK(theirs.size() == std::size_t(kW) * kH * 3 / 2 * kN);
+  CHECK(ours == theirs);
+}
+
+TEST_CASE("mp4: every tag name it accepts shows in ffprobe and others are refused") {
+  TempDir dir;
+  const auto rgb = make_frames(kW, kH, 1, 3);
+  VideoOptions o;
+  const std::vector<std::string> names = {"title", "artist",    "album",    "date",     "comment",  "description",
+                                          "genre", "copyright", "composer", "synopsis", "grouping", "lyrics"};
+  for (const auto& n : names) o.tags.emplace_back(n, "value of " + n);
+  write_video(dir.file("t.mp4"), kW, kH, 1, rgb, o);
+  const auto tags = ffprobe(dir.file("t.mp4"))["format"]["tags"];
+  for (const auto& n : names) {
+    CAPTURE(n);
+    CHECK(tags[n] == "value of " + n);
+  }
+  o.tags = {{"seed", "42"}};
+  CHECK(error_of([&] { check_video_output(dir.file("u.mp4"), o); }) ==
+        "metadata tag 'seed' is not one an MP4 keeps (title, artist, album, date, comment, description, genre, "
+        "copyright, composer, synopsis, grouping, lyrics)");
+  // Matroska and PNG keep any name.
+  o.format = VideoFormat::kFfv1;
+  write_video(dir.file("t.mkv"), kW, kH, 1, rgb, o);
+  CHECK(ffprobe(dir.file("t.mkv"))["format"]["tags"]["SEED"] == "42");
+  CHECK(tag(read_video(dir.file("t.mkv")).tags, "seed") == "42");
+}
+
+TEST_CASE("mp4: fps and crf and preset reach the stream and the index comes first") {
   TempDir dir;
   const auto rgb = make_frames(kW, kH, 5, 3);
   VideoOptions o;
@@ -183,6 +226,7 @@ TEST_CASE("mp4: fps and crf and preset reach the stream") {
   CHECK(j["streams"][0]["nb_read_frames"] == "5");
   // x264 records its settings in the stream (SEI): the preset's and the crf's traces.
   const std::string bytes = read_file(dir.file("a.mp4"));
+  CHECK(bytes.find("moov") < bytes.find("mdat"));  // +faststart: the index first
   CHECK(bytes.find("crf=40.0") != std::string::npos);
   CHECK(bytes.find("subme=0") != std::string::npos);  // ultrafast; medium has subme=7
   CHECK(read_video(dir.file("a.mp4")).fps == 24.0);
@@ -208,6 +252,13 @@ TEST_CASE("ffv1: lossless and ffprobe sees ffv1 in matroska with every frame and
   CHECK(s["nb_read_frames"] == std::to_string(kN));
   CHECK(s["r_frame_rate"] == "16/1");
   CHECK(j["format"]["format_name"].get<std::string>().find("matroska") == 0);
+  // Every frame a keyframe (readable alone).
+  CHECK(run(std::string(DLO_TEST_FFPROBE) + " -v error -select_streams v -show_entries frame=key_frame -of csv '" +
+            path + "'") == [] {
+    std::string s;
+    for (int i = 0; i < kN; ++i) s += "frame,1\n";
+    return s;
+  }());
   // Matroska stores tag names upper-case.
   CHECK(j["format"]["tags"]["COMMENT"] == o.tags[0].second);
   CHECK(j["format"]["tags"]["DESCRIPTION"] == o.tags[1].second);

@@ -72,6 +72,7 @@ void Sha256::block(const std::uint8_t* p) {
 
 void Sha256::update(const void* data, std::size_t n) {
   DLO_CHECK(!done_, "Sha256::update() after the digest was taken");
+  if (n == 0) return;  // `data` may be null
   const auto* p = static_cast<const std::uint8_t*>(data);
   total_ += n;
   if (buf_len_ > 0) {

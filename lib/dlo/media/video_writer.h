@@ -26,7 +26,7 @@ namespace dlo {
 enum class VideoFormat {
   kMp4,   // H.264 (libx264), yuv420p, in MP4: lossy
   kPng,   // a folder of frame_00000.png, ... (RGB24), plus metadata.json: lossless
-  kFfv1,  // FFV1 (version 3) in Matroska, 8-bit RGB (bgr0, its 8-bit RGB input): lossless
+  kFfv1,  // FFV1 (version 3, range coder, all keyframes) in Matroska, 8-bit RGB (bgr0): lossless
 };
 
 // "mp4" | "png" | "ffv1"; anything else throws dlo::Error naming the value and the choices.
@@ -42,8 +42,10 @@ struct VideoOptions {
   int crf = 25;                   // MP4 only; 0..51. diffusers' export_to_video (imageio, quality 5) uses 25
   std::string preset = "medium";  // MP4 only; a libx264 preset
   int threads = 0;                // encoder threads; 0 = libav's choice for the machine (as the ffmpeg CLI)
-  // Container metadata, in this order. MP4: iTunes-style tags; `comment` and `description` (and
-  // the other names ffmpeg's mov muxer knows: title, artist, ...) show in `ffprobe -show_format`.
+  // Container metadata, in this order. MP4: iTunes-style tags, which show in `ffprobe
+  // -show_format`; only these names (others would be dropped by the muxer, so they are refused):
+  // comment, description, title, artist, album, date, genre, copyright, composer, synopsis,
+  // grouping, lyrics.
   // MKV: Matroska SimpleTags (Matroska stores the names upper-case; read_video lower-cases them).
   // PNG: the "tags" object of `metadata.json` in the folder. Names must be non-empty; names and
   // values must not hold NUL bytes.
