@@ -462,11 +462,23 @@ const std::vector<at::Tensor>& BlockEngine::acquire(std::int64_t i) { return imp
 void BlockEngine::release(std::int64_t i) { impl_->release(i); }
 
 void BlockEngine::traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute) {
+  // A compute failure stays local: the rest of the pass joins the transfers without computing,
+  // so the other ranks' gathers complete, and the failure is reported after the pass.
+  std::string failure;
+  std::int64_t failed_block = -1;
   for (std::int64_t i = 0; i < impl_->n; ++i) {
     const auto& w = acquire(i);
-    if (compute) compute(i, w);
+    if (compute && failed_block < 0) {
+      try {
+        compute(i, w);
+      } catch (const std::exception& e) {
+        failure = e.what();
+        failed_block = i;
+      }
+    }
     release(i);
   }
+  if (failed_block >= 0) throw BlockComputeError(str("block ", failed_block, ": ", failure));
 }
 
 EngineStats BlockEngine::stats() const {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,13 @@ struct EngineStats {
   double pack_s = 0;                 // building the shards at start
 };
 
+// A model's computation failed inside BlockEngine::traverse; the engine and the collective are
+// fine (the pass was completed without computing), so only the work it belonged to has failed.
+class BlockComputeError : public std::runtime_error {
+ public:
+  explicit BlockComputeError(const std::string& what) : std::runtime_error(what) {}
+};
+
 class BlockEngine {
  public:
   // Builds the host copies (packing this rank's shard of every block for dlo, every block for
@@ -80,6 +88,8 @@ class BlockEngine {
   // Work reading block i has been enqueued; its slot may be refilled once that work is done.
   void release(std::int64_t i);
   // One pass over all blocks: acquire(i), compute(i, weights) unless compute is null, release(i).
+  // If compute throws, the pass goes on without computing (the collective stays in step) and
+  // BlockComputeError is thrown at its end; a failure of a transfer propagates as it happens.
   void traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute);
 
   EngineStats stats() const;

@@ -1,0 +1,31 @@
+// WanPipeline's prompt encoding: prompt_clean, the T5 tokenizer (512 tokens, padded), the UMT5
+// encoder, and the trim to the prompt's real tokens with zero rows after them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "dlo/models/umt5.h"
+#include "dlo/text/tokenizer.h"
+
+namespace dlo {
+
+class PromptEncoder {
+ public:
+  // Loads `model_dir`/tokenizer and `model_dir`/text_encoder (weights stay the checkpoint's mmap
+  // pages where the dtype allows: one copy per node however many ranks encode). Throws dlo::Error
+  // naming the folder.
+  PromptEncoder(const std::string& model_dir, at::ScalarType dtype);
+
+  // _get_t5_prompt_embeds for one prompt: [1, max_sequence_length, d_model] in the encoder's dtype,
+  // on the CPU. Throws dlo::Error for a prompt that is not valid UTF-8. Thread-compatible.
+  at::Tensor encode(const std::string& prompt, std::int64_t max_sequence_length = 512) const;
+
+ private:
+  T5Tokenizer tokenizer_;
+  Umt5Encoder encoder_;
+};
+
+}  // namespace dlo

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# dlo-generate as a user calls it, on a random-weight model:
+#  1. every check made before weights are read exits 2 with its message and writes nothing;
+#  2. the same job at 1, 2 and 3 ranks and with each strategy gives the same sha256 of frames;
+#  3. ffprobe confirms the MP4 (codec, pixel format, size, exact frame count, fps, tags); the
+#     FFV1 and PNG outputs decode (with ffmpeg) to exactly the frames whose sha256 dlo reports.
+#   generate_cli.sh BIN_DIR
+set -euo pipefail
+BIN=$1
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+"$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --layers 3 --in-channels 16 --out-channels 16 --dtype bf16 \
+  --shard-size 20KB >/dev/null
+GEN=("$BIN/dlo-generate" --model "$T/m" --prompt "a red fox in the snow" --steps 2 --height 32 --width 48
+     --frames 5 --threads 1 --seed 7)
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. Pre-load checks: exit 2, the message, nothing written.
+mkdir "$T/out" "$T/partial" && cp -r "$T/m/transformer" "$T/m/scheduler" "$T/partial/"
+check() {  # check 'expected message' args...
+  local want=$1; shift
+  set +e
+  "${GEN[@]}" --out "$T/out/v.mp4" "$@" >"$T/stdout" 2>"$T/stderr"
+  local rc=$?
+  set -e
+  [ "$rc" = 2 ] || fail "$* -> exit $rc, want 2: $(cat "$T/stderr")"
+  grep -qF -- "$want" "$T/stderr" || fail "$* -> message '$(cat "$T/stderr")' lacks '$want'"
+  [ -z "$(ls -A "$T/out")" ] || fail "$* wrote $(ls -A "$T/out")"
+  echo "ok: $* -> $want"
+}
+check "--height: 500 is not a multiple of 16" --height 500
+check "--width: must be positive, got 0" --width 0
+check "--frames: 80 is not of the form 4k+1" --frames 80
+check "--steps: must be >= 1, got 0" --steps 0
+check "--crf: must be in 0..51" --crf 60
+check "--format: 'gif' is not mp4, png or ffv1" --format gif
+check "--offload: 'fast' is not auto, resident, layerwise or dlo" --offload fast
+check "--dtype" --dtype fp64
+check "--scheduler" --scheduler ddim
+check "--flow-shift: must be a positive number" --flow-shift -2
+check "--threads 100000: must be 0 (auto)" --threads 100000
+check "model folder '$T/nope': not a folder" --model "$T/nope"
+check "lacks vae/, text_encoder/, tokenizer/" --model "$T/partial"
+check "--out: the folder '$T/missing' of '$T/missing/v.mp4' does not exist" --out "$T/missing/v.mp4"
+check "--out: '/dev/null' is a character device" --out /dev/null
+check "--save-latents: the folder '$T/missing' of" --save-latents "$T/missing/l.safetensors"
+check "--report: the folder '$T/missing' of" --report "$T/missing/r.json"
+# Under mpirun the ranks agree and all exit 2.
+set +e
+mpirun -np 2 "${GEN[@]}" --out "$T/out/v.mp4" --height 500 >/dev/null 2>"$T/stderr"
+rc=$?
+set -e
+[ "$rc" = 2 ] || fail "np 2 --height 500 -> exit $rc: $(cat "$T/stderr")"
+[ "$(grep -c "is not a multiple of 16" "$T/stderr")" = 1 ] || fail "np 2: message not printed once: $(cat "$T/stderr")"
+echo "ok: np 2 --height 500 -> exit 2, one message"
+
+# 2. Ranks and strategies do not change the frames.
+sha_of() { grep -o '"frames_sha256": "[0-9a-f]*"' "$1" | head -1 | cut -d'"' -f4; }
+ref=""
+for np in 1 2 3; do
+  for s in resident layerwise dlo; do
+    [ "$np" = 1 ] && [ "$s" = dlo ] && continue
+    mpirun -np $np "${GEN[@]}" --offload $s --out "$T/v_${np}_$s.mp4" --report "$T/r.json" --quiet >/dev/null
+    grep -q "\"choice\": \"offload: $s" "$T/r.json" || fail "np $np: strategy $s not used"
+    sha=$(sha_of "$T/r.json")
+    [ ${#sha} = 64 ] || fail "np $np $s: no sha256 in the report"
+    if [ -z "$ref" ]; then ref=$sha; fi
+    [ "$sha" = "$ref" ] || fail "np $np $s: frames sha256 $sha differs from $ref"
+    echo "ok: np $np $s: frames sha256 $sha"
+  done
+done
+
+# 3. The MP4 as ffprobe sees it, and lossless outputs decoding to the reported frames.
+mp4=$T/v_1_resident.mp4
+probe=$(ffprobe -v error -count_frames -select_streams v:0 -show_entries \
+  stream=codec_name,pix_fmt,width,height,r_frame_rate,nb_read_frames:format_tags=comment,description \
+  -of default=noprint_wrappers=1 "$mp4")
+for want in codec_name=h264 pix_fmt=yuv420p width=48 height=32 r_frame_rate=16/1 nb_read_frames=5 \
+  "TAG:comment=prompt: a red fox in the snow; negative prompt: ; seed 7; 2 steps; guidance 5" \
+  'TAG:description={"id":' '"prompt":"a red fox in the snow"' '"seed":7' '"steps":2' '"scheduler":"unipc"'; do
+  grep -qF -- "$want" <<<"$probe" || fail "ffprobe lacks '$want': $probe"
+done
+echo "ok: ffprobe: h264 yuv420p 48x32, 5 frames at 16/1, tags"
+for f in ffv1 png; do
+  out=$T/v.$f
+  "${GEN[@]}" --format $f --out "$out" --report "$T/r.json" --quiet >/dev/null
+  sha=$(sha_of "$T/r.json")
+  [ "$sha" = "$ref" ] || fail "$f: frames sha256 $sha differs from $ref"
+  if [ $f = png ]; then src=(-i "$out/frame_%05d.png"); else src=(-i "$out"); fi
+  dec=$(ffmpeg -v error "${src[@]}" -f rawvideo -pix_fmt rgb24 - | sha256sum | cut -d' ' -f1)
+  [ "$dec" = "$ref" ] || fail "$f: ffmpeg decodes to sha256 $dec, dlo reported $ref"
+  echo "ok: $f decodes (ffmpeg) to the reported frames"
+done
+ls -A "$T" | grep -q '\.tmp-' && fail "a temporary file was left: $(ls -A "$T")"
+echo "all ok"

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""dlo-generate against diffusers' WanPipeline, frame for frame.
+
+Writes a random-weight model folder with `dlo-checkpoint make` (unless --model is given), renders
+one prompt with diffusers' WanPipeline.from_pretrained on that folder (CPU generator seeded with
+--seed, output_type="np", then export_to_video's `(frame * 255).astype(uint8)`), renders the same
+job with `dlo-generate --format png` (lossless), and compares the uint8 frames byte for byte, for
+every case of --cases:
+
+    fp32-unipc-cfg  fp32-unipc-nocfg  fp32-euler-cfg  fp32-euler-nocfg  bf16-unipc-cfg ...
+
+fp32 cases must be identical (exit 1 otherwise); bf16 cases report the share of equal bytes and
+the largest difference and fail only above --bf16-max-diff. --ranks N runs dlo-generate under
+`mpirun -np N` (the video must not depend on it).
+
+  pipeline_parity.py --bin build/bin --cases fp32-unipc-cfg,fp32-euler-nocfg
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+from parity_common import DTYPES
+
+PROMPT = "A fox walks through fresh snow at dawn, cinematic, 4k"
+NEGATIVE = "blurry, low quality, static"
+
+
+def make_model(bin_dir, out, seed, make_args):
+    cmd = [os.path.join(bin_dir, "dlo-checkpoint"), "make", out, "--preset", "wan-test", "--layers", "2",
+           "--in-channels", "16", "--out-channels", "16", "--dtype", "fp32", "--seed", str(seed)]
+    subprocess.run(cmd + make_args.split(), check=True, stdout=subprocess.DEVNULL)
+
+
+def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args):
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline
+
+    torch.set_num_threads(args.threads)
+    vae = AutoencoderKLWan.from_pretrained(os.path.join(model, "vae"), torch_dtype=torch.float32)
+    pipe = WanPipeline.from_pretrained(model, vae=vae, torch_dtype=DTYPES[dtype])
+    if scheduler == "euler":
+        pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=flow_shift)
+    else:
+        pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=flow_shift)
+    pipe.set_progress_bar_config(disable=True)
+    t0 = time.perf_counter()
+    video = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=args.height, width=args.width,
+                 num_frames=args.frames, num_inference_steps=args.steps, guidance_scale=guidance,
+                 generator=torch.Generator("cpu").manual_seed(args.seed), output_type="np").frames[0]
+    seconds = time.perf_counter() - t0
+    return np.stack([(frame * 255).astype(np.uint8) for frame in video]), seconds
+
+
+def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
+    out = os.path.join(tmp, "frames")
+    cmd = [os.path.join(args.bin, "dlo-generate"), "--model", model, "--prompt", PROMPT, "--negative-prompt",
+           NEGATIVE, "--seed", str(args.seed), "--steps", str(args.steps), "--guidance", str(guidance),
+           "--height", str(args.height), "--width", str(args.width), "--frames", str(args.frames),
+           "--scheduler", scheduler, "--flow-shift", str(flow_shift), "--dtype", dtype, "--threads",
+           str(args.threads), "--format", "png", "--out", out, "--offload", args.offload, "--quiet"]
+    if args.ranks > 1:
+        cmd = ["mpirun", "-np", str(args.ranks)] + cmd
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    seconds = time.perf_counter() - t0
+    names = sorted(n for n in os.listdir(out) if n.endswith(".png"))
+    return np.stack([np.asarray(Image.open(os.path.join(out, n)).convert("RGB")) for n in names]), seconds
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", help="existing model folder (else a random one is made)")
+    ap.add_argument("--make-args", default="", help="extra dlo-checkpoint make flags")
+    ap.add_argument("--cases", default="fp32-unipc-cfg,fp32-unipc-nocfg,fp32-euler-cfg,fp32-euler-nocfg")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--height", type=int, default=32)
+    ap.add_argument("--width", type=int, default=48)
+    ap.add_argument("--frames", type=int, default=5)
+    ap.add_argument("--flow-shift", type=float, default=3.0)
+    ap.add_argument("--guidance", type=float, default=5.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--offload", default="auto", help="dlo-generate --offload")
+    ap.add_argument("--bf16-max-diff", type=int, default=255, help="largest allowed byte difference in bf16 cases")
+    ap.add_argument("--json", help="write the per-case results here")
+    args = ap.parse_args()
+
+    failed = False
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if model is None:
+            model = os.path.join(tmp, "model")
+            make_model(args.bin, model, args.seed, args.make_args)
+        for case in args.cases.split(","):
+            dtype, scheduler, cfg = case.split("-")
+            guidance = args.guidance if cfg == "cfg" else 1.0
+            ref, ref_s = diffusers_frames(model, dtype, scheduler, args.flow_shift, guidance, args)
+            ours, ours_s = dlo_frames(model, dtype, scheduler, args.flow_shift, guidance, args, tmp)
+            if ours.shape != ref.shape:
+                print(f"{case}: FAIL shapes differ: dlo {ours.shape} vs diffusers {ref.shape}")
+                failed = True
+                continue
+            # Equality means something only if the frames are not flat or saturated.
+            distinct = len(np.unique(ref))
+            if distinct < 32:
+                print(f"{case}: FAIL the reference frames have only {distinct} distinct byte values")
+                failed = True
+                continue
+            diff = np.abs(ours.astype(np.int16) - ref.astype(np.int16))
+            equal = float((diff == 0).mean())
+            r = {"case": case, "shape": list(ref.shape), "distinct_values": distinct, "equal_bytes": equal, "max_diff": int(diff.max()),
+                 "dlo_s": ours_s, "diffusers_s": ref_s}
+            results.append(r)
+            ok = (diff.max() == 0) if dtype == "fp32" else (diff.max() <= args.bf16_max_diff)
+            failed |= not ok
+            print(f"{case}: {'ok' if ok else 'FAIL'}  frames {tuple(ref.shape)}  equal bytes {equal:.6f}  "
+                  f"max diff {int(diff.max())}  distinct values {distinct}  (dlo {ours_s:.2f} s, diffusers {ref_s:.2f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
