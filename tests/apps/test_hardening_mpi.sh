@@ -35,22 +35,22 @@ echo "== 1. collectives outside the wave have a bounded wait naming the phase an
 for np in 2 5; do
   last=$((np - 1))
   # A rank stopped (SIGSTOP) after loading, before the start-up check.
-  DLO_GATHER_TIMEOUT_S=3 timeout 120 mpirun -np $np "${FWD[@]}" --out "$T/o_$np.safetensors" \
+  DLO_GATHER_TIMEOUT_S=5 timeout 120 mpirun -np $np "${FWD[@]}" --out "$T/o_$np.safetensors" \
     --test-stop-rank $last --test-stop-at loaded >"$T/log" 2>&1
   rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "np $np, rank stopped while loading: exit $rc"
-  elif ! grep -q "start-up check (model and inputs loaded on every rank): rank $last did not arrive within 3 s" "$T/log"; then
+  elif ! grep -q "start-up check (model and inputs loaded on every rank): rank $last did not arrive within 5 s" "$T/log"; then
     fail "np $np, rank stopped while loading: no message naming the phase and rank $last"
   else ok "np $np, rank $last stopped while loading: every rank ended (exit $rc) naming the phase and rank $last"; fi
   [ -e "$T/o_$np.safetensors" ] && fail "np $np: an output was written although the start-up check failed"
   no_leftovers "np $np, stopped while loading"
 
   # A rank stopped after its wave, before the closing gather: the output is written first.
-  DLO_GATHER_TIMEOUT_S=3 timeout 120 mpirun -np $np "${FWD[@]}" --out "$T/e_$np.safetensors" \
+  DLO_GATHER_TIMEOUT_S=5 timeout 120 mpirun -np $np "${FWD[@]}" --out "$T/e_$np.safetensors" \
     --test-stop-rank $last --test-stop-at report >"$T/log" 2>&1
   rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "np $np, rank stopped at the closing gather: exit $rc"
-  elif ! grep -q "closing report gather: rank $last did not arrive within 3 s" "$T/log"; then
+  elif ! grep -q "closing report gather: rank $last did not arrive within 5 s" "$T/log"; then
     fail "np $np, rank stopped at the closing gather: no message naming the phase and rank $last"
   else ok "np $np, rank $last stopped at the closing gather: every rank ended (exit $rc) naming the phase and rank"; fi
   "$PY" -c "import sys; from safetensors.torch import load_file; o = load_file(sys.argv[1])['output']; assert o.shape == (1, 4, 2, 4, 4)" \

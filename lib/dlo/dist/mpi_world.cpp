@@ -148,7 +148,9 @@ std::vector<std::string> MpiWorld::gather_strings(const std::string& mine, int r
     MPI_Isend(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, root, tag + 1, comm, &reqs[1]);
     MPI_Irecv(&ack, 1, MPI_CHAR, root, tag + 2, comm, &reqs[2]);
     peers.assign(3, root);
-    wait_all(reqs, peers, phase, timeout_s_);
+    // The root knows which ranks are missing: give it the first word (a grace period here), so
+    // the message names the stuck rank rather than "rank 0" whenever the root is alive.
+    wait_all(reqs, peers, phase, timeout_s_ + std::min(timeout_s_, 30.0));
     return {};
   }
   std::vector<std::int64_t> sizes(static_cast<std::size_t>(size_), 0);

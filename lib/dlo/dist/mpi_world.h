@@ -53,7 +53,8 @@ class MpiWorld {
   // does not arrive within timeout_s() ends every rank (abort()), naming the phase and the ranks.
   std::vector<std::int64_t> allgather(std::int64_t value, const char* phase = "allgather") const;
   // Root gets every rank's string in rank order; the others get {}. Non-roots wait for the root
-  // too, so a stuck root is noticed by every rank.
+  // too (up to twice the timeout, at most 30 s more, so that a live root names the missing rank
+  // first), so a stuck root is noticed by every rank.
   std::vector<std::string> gather_strings(const std::string& mine, int root = 0,
                                           const char* phase = "gather") const;
   std::string broadcast_string(const std::string& value, int root = 0, const char* phase = "broadcast") const;
