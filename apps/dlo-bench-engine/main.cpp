@@ -1,31 +1,48 @@
 // dlo-bench-engine: the offload engine's own cost per block transition, with no compute.
 //
-//   [mpirun -np N] dlo-bench-engine --model DIR [--passes 200] [--dtype fp32]
+//   [mpirun -np N] dlo-bench-engine --model DIR [--passes 200] [--dtype fp32] [--threads N]
 //
 // Streams the transformer's blocks through each strategy `passes` times (ghost traversals: every
 // acquire/release and transfer, no math) and prints microseconds per block transition (rank 0).
 // With tiny blocks this is the host overhead the Python original pays ~1-2 ms for per block.
+#include <ATen/Parallel.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include <cxxopts.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/settings.h"
 #include "dlo/dist/collective.h"
 #include "dlo/dist/mpi_world.h"
+#include "dlo/dist/tool.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/models/weights.h"
 #include "dlo/offload/runner.h"
 
 int main(int argc, char** argv) {
   dlo::MpiWorld world(&argc, &argv);
-  try {
+  // Exit codes, messages and fault handlers shared by every tool (dlo/dist/tool.h).
+  return dlo::run_tool("dlo-bench-engine", &world, [&] {
     cxxopts::Options opts("dlo-bench-engine", "Offload engine cost per block transition");
     opts.add_options()("model", "model directory", cxxopts::value<std::string>())(
         "passes", "traversals per strategy", cxxopts::value<int>()->default_value("200"))(
+        "threads", "CPU threads per rank (0: libtorch default)", cxxopts::value<int>()->default_value("0"))(
         "dtype", "fp32, bf16, fp16", cxxopts::value<std::string>()->default_value("fp32"));
-    auto args = opts.parse(argc, argv);
+    cxxopts::ParseResult args;
+    try {
+      args = opts.parse(argc, argv);
+    } catch (const cxxopts::exceptions::exception& e) {
+      throw dlo::Error(e.what());
+    }
     DLO_CHECK(args.count("model"), "missing --model");
+    world.set_timeout_s(dlo::parse_seconds_setting(std::getenv("DLO_GATHER_TIMEOUT_S"), "DLO_GATHER_TIMEOUT_S", 600));
+    std::string note;
+    const int threads = dlo::bound_threads(args["threads"].as<int>(), "--threads", &note);
+    if (!note.empty() && world.rank() == 0) std::cerr << "dlo-bench-engine: note: " << note << "\n";
+    if (threads > 0) at::set_num_threads(threads);
     const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
     auto model = dlo::WanTransformer::load(args["model"].as<std::string>() + "/transformer", dtype, false);
     const int passes = args["passes"].as<int>();
@@ -47,8 +64,5 @@ int main(int argc, char** argv) {
                   << " ranks, block " << runner.plan().block(0).bytes << " bytes, slowest rank)\n";
     }
     return 0;
-  } catch (const std::exception& e) {
-    if (world.rank() == 0) std::cerr << "dlo-bench-engine: error: " << e.what() << "\n";
-    return 2;
-  }
+  });
 }

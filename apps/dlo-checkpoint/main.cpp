@@ -6,7 +6,12 @@
 //                      [--components transformer,scheduler,vae] [--vae-preset wan2.1-vae-small]
 //                      [--components ...,text_encoder,tokenizer] [--te-layers N --te-d-ff F ...]
 //
-// Exit codes: 0 ok, 2 bad invocation or malformed checkpoint, 1 anything else.
+// A checkpoint write replaces the checkpoint its folder held (the new files first, then the old
+// *.safetensors / *.safetensors.index.json are removed); `copy` into the source's own folder is
+// refused. Every file is written atomically (temporary name, every byte checked, fsync, rename);
+// outputs that are not folders/regular files are refused before any work.
+// Exit codes: 0 ok, 2 bad invocation, malformed checkpoint or an I/O error, 1 anything else.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -15,6 +20,8 @@
 
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
+#include "dlo/dist/tool.h"
 #include "dlo/io/inspect.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
@@ -63,6 +70,7 @@ int copy(int argc, char** argv) {
     return 0;
   }
   DLO_CHECK(args.count("src") && args.count("dst"), "copy: need SRC and DST_DIR");
+  dlo::check_output_folder(args["dst"].as<std::string>());
   auto ck = dlo::Checkpoint::open(args["src"].as<std::string>());
   dlo::WriteOptions w;
   w.max_shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");
@@ -187,7 +195,28 @@ int make(int argc, char** argv) {
   o.seed = args["seed"].as<std::uint64_t>();
   o.shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");
   o.components = split_commas(args["components"].as<std::string>());
-  auto r = dlo::make_model(args["out"].as<std::string>(), o);
+  // The parts must fit together: WanPipeline runs the transformer on the VAE's latents, so its
+  // in/out channels follow the VAE's z_dim unless given, and given ones must agree.
+  auto has = [&](const char* comp) {
+    return std::find(o.components.begin(), o.components.end(), comp) != o.components.end();
+  };
+  if (has("transformer") && has("vae")) {
+    if (!args.count("in-channels")) c.in_channels = o.vae.z_dim;
+    if (!args.count("out-channels")) c.out_channels = o.vae.z_dim;
+    DLO_CHECK(c.in_channels == o.vae.z_dim && c.out_channels == o.vae.z_dim, "--in-channels/--out-channels (",
+              c.in_channels, "/", c.out_channels, ") must equal the VAE's z_dim (", o.vae.z_dim,
+              ") when both are written: WanPipeline runs the transformer on the VAE's latents (leave them out "
+              "to follow z_dim, or leave vae out of --components)");
+  }
+  dlo::check_make_model(args["out"].as<std::string>(), o);
+  dlo::MakeModelResult r;
+  try {
+    r = dlo::make_model(args["out"].as<std::string>(), o);
+  } catch (const std::exception& e) {
+    // Out of memory while drawing weights: the model is too large for this machine (exit 2).
+    if (dlo::is_allocation_failure(e)) throw dlo::Error(dlo::describe_exception(e));
+    throw;
+  }
   std::cout << "wrote " << args["out"].as<std::string>() << ": ";
   for (std::size_t i = 0; i < r.written.size(); ++i) std::cout << (i ? ", " : "") << r.written[i];
   std::cout << " (" << dlo::human_bytes(r.bytes) << " of weights)\n";
@@ -202,24 +231,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = argv[1];
-  try {
-    if (cmd == "inspect") return inspect(argc - 1, argv + 1);
-    if (cmd == "copy") return copy(argc - 1, argv + 1);
-    if (cmd == "make") return make(argc - 1, argv + 1);
+  // Exit codes, messages and fault handlers shared by every tool (dlo/dist/tool.h).
+  return dlo::run_tool("dlo-checkpoint " + cmd, nullptr, [&] {
+    try {
+      if (cmd == "inspect") return inspect(argc - 1, argv + 1);
+      if (cmd == "copy") return copy(argc - 1, argv + 1);
+      if (cmd == "make") return make(argc - 1, argv + 1);
+    } catch (const cxxopts::exceptions::exception& e) {
+      throw dlo::Error(e.what());
+    }
     if (cmd == "-h" || cmd == "--help") {
       std::cout << kUsage;
       return 0;
     }
     std::cerr << "dlo-checkpoint: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
-  } catch (const dlo::Error& e) {
-    std::cerr << "dlo-checkpoint " << cmd << ": error: " << e.what() << "\n";
-    return 2;
-  } catch (const cxxopts::exceptions::exception& e) {
-    std::cerr << "dlo-checkpoint " << cmd << ": " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "dlo-checkpoint " << cmd << ": unexpected error: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

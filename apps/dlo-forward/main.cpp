@@ -5,12 +5,15 @@
 //               [--offload auto|resident|layerwise|dlo] [--device auto|cpu|cuda[:N]]
 //               [--passes P] [--guidance] [--report FILE]
 //
-// The transformer runs through the offload engine on every rank (rank 0 writes the output); the
-// other components run on each rank on their own.
-// Exit codes: 0 ok, 2 bad invocation or input, 1 anything else.
+// The transformer runs through the offload engine on every rank (the lowest rank that computes
+// writes the output); the other components run on each rank on their own (rank 0 writes).
+// Outputs (--out, --report) and inputs are checked on every rank before any work; collectives wait
+// at most DLO_GATHER_TIMEOUT_S seconds (default 600) for a rank.
+// Exit codes: 0 ok, 2 bad invocation or input (found before the work), 1 anything else.
 #include <ATen/Parallel.h>
+#include <signal.h>
 
-#include <fstream>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -19,7 +22,10 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
+#include "dlo/common/settings.h"
 #include "dlo/dist/mpi_world.h"
+#include "dlo/dist/tool.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/io/tensor_view.h"
 #include "dlo/models/component.h"
@@ -45,7 +51,7 @@ std::vector<std::int64_t> parse_counts(const std::string& s, const char* flag) {
   return out;
 }
 
-int run(const dlo::MpiWorld& world, int argc, char** argv) {
+int run(dlo::MpiWorld& world, int argc, char** argv) {
   cxxopts::Options opts("dlo-forward", "One forward pass of one model component");
   opts.add_options()("model", "model directory (diffusers layout)", cxxopts::value<std::string>())(
       "component", "transformer, vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
@@ -74,26 +80,51 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
       "seed", "seed for --random-inputs", cxxopts::value<std::uint64_t>()->default_value("0"))(
       "report", "write per-rank timing and memory as JSON (rank 0)", cxxopts::value<std::string>())(
       "fail-at-block", "test hook: throw while transferring this block", cxxopts::value<std::int64_t>())(
-      "fail-rank", "test hook: ... on this rank only", cxxopts::value<int>()->default_value("-1"))("h,help", "help");
+      "fail-rank", "test hook: ... on this rank only", cxxopts::value<int>()->default_value("-1"))(
+      "test-stop-rank", "test hook: this rank stops itself (SIGSTOP) at --test-stop-at", cxxopts::value<int>())(
+      "test-stop-at", "test hook: loaded (before the start-up check) or report (before the closing gather)",
+      cxxopts::value<std::string>()->default_value("loaded"))("h,help", "help");
   auto args = opts.parse(argc, argv);
   if (args.count("help")) {
     if (world.rank() == 0) std::cout << opts.help();
     return 0;
   }
   for (const char* required : {"model", "component", "out"}) DLO_CHECK(args.count(required), "missing --", required);
+  world.set_timeout_s(dlo::parse_seconds_setting(std::getenv("DLO_GATHER_TIMEOUT_S"), "DLO_GATHER_TIMEOUT_S", 600));
   const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
-  const int threads = args["threads"].as<int>();
-  DLO_CHECK(threads >= 0, "--threads must be >= 0");
+  std::string note;
+  const int threads = dlo::bound_threads(args["threads"].as<int>(), "--threads", &note);
+  if (!note.empty() && world.rank() == 0) std::cerr << "dlo-forward: note: " << note << "\n";
   if (threads > 0) at::set_num_threads(threads);
   std::int64_t passes = args.count("repeat") ? args["repeat"].as<std::int64_t>() : args["passes"].as<std::int64_t>();
   DLO_CHECK(passes >= 1, "--passes must be >= 1");
-
-  dlo::TensorMap inputs;
-  if (args.count("inputs")) inputs = dlo::load_tensors(dlo::Checkpoint::open(args["inputs"].as<std::string>()));
   const std::string component = args["component"].as<std::string>();
   const std::string out_path = args["out"].as<std::string>();
+  const std::string report_path = args.count("report") ? args["report"].as<std::string>() : "";
+
+  // Before any work, on every rank: the outputs can be written (not a device, FIFO or folder; the
+  // folder exists and is writable), and the inputs are read, once, into memory (a FIFO is refused
+  // without blocking; a later change of the file cannot reach the run).
+  dlo::TensorMap inputs;
+  {
+    std::string error;
+    try {
+      dlo::with_context("--out", [&] { dlo::check_output_path(out_path); });
+      if (!report_path.empty()) dlo::with_context("--report", [&] { dlo::check_output_path(report_path); });
+      if (args.count("inputs"))
+        inputs = dlo::with_context("--inputs", [&] { return dlo::read_tensors(args["inputs"].as<std::string>()); });
+    } catch (const dlo::Error& e) {
+      error = e.what();
+    }
+    world.check_all(error, "start-up check (flags, inputs and outputs)");
+  }
+  auto write_out = [&](const dlo::TensorMap& t) {
+    std::vector<std::pair<std::string, at::Tensor>> named(t.begin(), t.end());
+    dlo::save_tensors(out_path, named);
+  };
   std::string report;
   dlo::TensorMap out;
+  int code = dlo::kExitOk;
 
   if (component == "transformer") {
     dlo::TransformerJobOptions jo;
@@ -111,9 +142,21 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
     }
     if (args.count("fail-at-block")) jo.fail_at_block = args["fail-at-block"].as<std::int64_t>();
     jo.fail_rank = args["fail-rank"].as<int>();
+    jo.write_output = write_out;
+    if (args.count("test-stop-rank")) {
+      const int stop_rank = args["test-stop-rank"].as<int>();
+      const std::string stop_at = args["test-stop-at"].as<std::string>();
+      DLO_CHECK(stop_at == "loaded" || stop_at == "report", "--test-stop-at: 'loaded' or 'report'");
+      jo.test_hook = [&world, stop_rank, stop_at](const char* phase) {
+        if (world.rank() == stop_rank && stop_at == phase) ::raise(SIGSTOP);
+      };
+    }
     auto r = dlo::run_transformer_job(world, inputs, jo);
     if (world.rank() == 0) std::cerr << world.tag() << " " << r.choice << "\n";
-    out = std::move(r.outputs);
+    if (!r.output_error.empty()) {
+      std::cerr << world.tag() << " dlo-forward: error: writing --out: " << r.output_error << "\n";
+      code = dlo::kExitFailed;
+    }
     report = std::move(r.report_json);
   } else {
     dlo::ForwardOptions fo;
@@ -131,32 +174,38 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
                                 {"peak_rss_kb", stats.peak_rss_kb},
                                 {"forward_seconds", stats.forward_seconds}};
     report = j.dump(2) + "\n";
-  }
-  if (world.rank() == 0) {
-    if (!out.empty()) {
-      std::vector<std::pair<std::string, at::Tensor>> named(out.begin(), out.end());
-      dlo::save_tensors(out_path, named);
+    if (world.rank() == 0)
+      for (const auto& w : stats.warnings) std::cerr << "dlo-forward: warning: " << w << "\n";
+    if (world.rank() == 0) {
+      try {
+        write_out(out);
+      } catch (const std::exception& e) {  // after the work: an I/O failure, not bad input
+        std::cerr << "dlo-forward: error: writing --out: " << e.what() << "\n";
+        code = dlo::kExitFailed;
+      }
     }
-    if (args.count("report")) std::ofstream(args["report"].as<std::string>()) << report;
   }
-  return 0;
+  if (world.rank() == 0 && !report_path.empty()) {
+    try {
+      dlo::write_file_atomic(report_path, report);
+    } catch (const std::exception& e) {
+      std::cerr << "dlo-forward: error: writing --report: " << e.what() << "\n";
+      code = dlo::kExitFailed;
+    }
+  }
+  return code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   dlo::MpiWorld world(&argc, &argv);
-  try {
-    return run(world, argc, argv);
-  } catch (const dlo::Error& e) {
-    // Errors reaching here were found before any collective could be left waiting (bad flags,
-    // inputs, checkpoint), and every rank holds the same message: rank 0 says it.
-    if (world.rank() == 0) std::cerr << "dlo-forward: error: " << e.what() << "\n";
-    return 2;
-  } catch (const cxxopts::exceptions::exception& e) {
-    if (world.rank() == 0) std::cerr << "dlo-forward: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    dlo::MpiWorld::abort(std::string("dlo-forward: unexpected error: ") + e.what(), 1);
-  }
+  // Exit codes, messages and fault handlers shared by every tool (dlo/dist/tool.h).
+  return dlo::run_tool("dlo-forward", &world, [&] {
+    try {
+      return run(world, argc, argv);
+    } catch (const cxxopts::exceptions::exception& e) {
+      throw dlo::Error(e.what());  // a bad flag: before any work, the same on every rank
+    }
+  });
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "dlo/common/error.h"
 
@@ -82,6 +83,38 @@ void check_output_path(const std::string& path) {
   DLO_CHECK(S_ISDIR(st.st_mode), "'", dir, "' (the folder of '", path, "') is not a directory");
   DLO_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "the folder '", dir, "' of '", path,
             "' is not writable: ", std::strerror(errno));
+}
+
+void check_output_folder(const std::string& dir_in) {
+  DLO_CHECK(!dir_in.empty(), "an output folder path is empty");
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    DLO_CHECK(S_ISDIR(st.st_mode), "'", dir_in, "' exists and is ", (S_ISREG(st.st_mode) ? "a regular file" : kind_of(st.st_mode)),
+              ", not a folder");
+    DLO_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "the folder '", dir_in, "' is not writable: ", std::strerror(errno));
+    return;
+  }
+  DLO_CHECK(errno == ENOENT || errno == ENOTDIR, "'", dir_in, "': ", std::strerror(errno));
+  // The nearest existing ancestor must be a writable folder.
+  std::string up = dir;
+  for (;;) {
+    up = dir_of(up);
+    if (::stat(up.c_str(), &st) == 0) break;
+    DLO_CHECK((errno == ENOENT || errno == ENOTDIR) && up != "/" && up != ".", "'", up, "' (a parent of '", dir_in,
+              "'): ", std::strerror(errno));
+  }
+  DLO_CHECK(S_ISDIR(st.st_mode), "'", up, "' (a parent of '", dir_in, "') is ", (S_ISREG(st.st_mode) ? "a regular file" : kind_of(st.st_mode)),
+            ", not a folder");
+  DLO_CHECK(::access(up.c_str(), W_OK | X_OK) == 0, "cannot create '", dir_in, "': '", up, "' is not writable");
+}
+
+void make_folders(const std::string& dir) {
+  check_output_folder(dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DLO_CHECK(!ec, "cannot create the folder '", dir, "': ", ec.message());
 }
 
 void check_regular_file(const std::string& path) {

@@ -30,6 +30,16 @@ std::string resolve_output_path(const std::string& path);
 // and the reason. Creates nothing.
 void check_output_path(const std::string& path);
 
+// Checks before any work starts that the folder `dir` can take outputs: it is a folder (a symbolic
+// link to one is followed) that is writable, or it does not exist and its nearest existing ancestor
+// is a writable folder (so creating it will succeed). Throws dlo::Error naming the path ("'x'
+// exists and is a regular file, not a folder"). Creates nothing.
+void check_output_folder(const std::string& dir);
+
+// Creates the folder `dir` and its missing parents. Throws dlo::Error naming the path if a part of
+// it is not a folder or it cannot be created.
+void make_folders(const std::string& dir);
+
 // Checks that `path` exists and is a regular file, without opening it (a FIFO would block an open).
 // Throws dlo::Error ("'path' is a FIFO, not a regular file").
 void check_regular_file(const std::string& path);

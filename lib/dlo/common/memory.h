@@ -16,6 +16,11 @@ struct ProcessMemory {
 // Reads /proc/self/status and /proc/self/smaps_rollup; fields it cannot read stay -1.
 ProcessMemory read_process_memory();
 
+// Bytes this process could still allocate, for estimates made before work starts: the least of
+// MemAvailable (/proc/meminfo) plus free swap, the address-space limit (RLIMIT_AS, ulimit -v) less
+// what is mapped now, and the cgroup's memory.max less memory.current. 0 if none can be read.
+std::uint64_t available_memory_bytes();
+
 // Resets VmHWM to the current RSS (writes 5 to /proc/self/clear_refs). Returns false if refused.
 bool reset_peak_rss();
 

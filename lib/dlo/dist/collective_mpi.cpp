@@ -16,7 +16,11 @@ namespace {
 
 class MpiCollective final : public Collective {
  public:
-  explicit MpiCollective(const MpiWorld& world) : rank_(world.rank()), size_(world.size()) {
+  explicit MpiCollective(const MpiWorld& world)
+      : rank_(world.rank()),
+        size_(world.size()),
+        timeout_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(world.timeout_s()))) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
   }
   ~MpiCollective() override {
@@ -52,7 +56,7 @@ class MpiCollective final : public Collective {
  private:
   // Polls the request: spins briefly (small gathers finish in microseconds), then sleeps between
   // tests so a waiting rank leaves the cores to compute. A gather that has not finished in
-  // DLO_GATHER_TIMEOUT_S seconds (default 600) means a rank is gone or stuck: dlo::Error.
+  // MpiWorld::timeout_s() (DLO_GATHER_TIMEOUT_S in the apps) means a rank is gone or stuck: dlo::Error.
   int wait(MPI_Request& req, std::size_t shard_bytes) {
     const auto start = std::chrono::steady_clock::now();
     for (int spins = 0;; ++spins) {
@@ -63,14 +67,13 @@ class MpiCollective final : public Collective {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       if ((spins & 1023) == 0 && std::chrono::steady_clock::now() - start > timeout_)
         throw Error(str("an AllGather of ", shard_bytes, "-byte shards has not finished in ",
-                        std::chrono::duration_cast<std::chrono::seconds>(timeout_).count(),
+                        std::chrono::duration<double>(timeout_).count(),
                         " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"));
     }
   }
 
   int rank_, size_;
-  std::chrono::steady_clock::duration timeout_ = std::chrono::seconds(
-      std::getenv("DLO_GATHER_TIMEOUT_S") != nullptr ? std::atoll(std::getenv("DLO_GATHER_TIMEOUT_S")) : 600);
+  std::chrono::steady_clock::duration timeout_;
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 

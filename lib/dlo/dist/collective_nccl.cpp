@@ -9,6 +9,8 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <thread>
 
 namespace dlo {
@@ -28,8 +30,16 @@ class NcclCollective final : public Collective {
               "; a second NCCL is on the library path (dlo must use the torch wheel's)");
     DLO_CHECK(cudaSetDevice(device) == cudaSuccess, "cudaSetDevice(", device, ") failed");
     ncclUniqueId id;
-    if (rank_ == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    std::string bytes;
+    if (rank_ == 0) {
+      nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      bytes.assign(reinterpret_cast<const char*>(&id), sizeof id);
+    }
+    // A bounded wait, as every collective outside the wave (MpiWorld).
+    bytes = world.broadcast_string(bytes, 0, "NCCL set-up (unique id)");
+    DLO_CHECK(bytes.size() == sizeof id, "NCCL set-up: rank 0 sent a ", bytes.size(), "-byte unique id");
+    std::memcpy(&id, bytes.data(), sizeof id);
+    timeout_s_ = world.timeout_s();
     // Non-blocking init, polled, so a rank that never arrives cannot hang the others forever.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -69,18 +79,22 @@ class NcclCollective final : public Collective {
 
  private:
   void wait_ready(const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(timeout_s_));
     for (;;) {
       ncclResult_t state = ncclInProgress;
       nccl_check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
       if (state == ncclSuccess) return;
       DLO_CHECK(state == ncclInProgress, "NCCL ", what, " failed: ", ncclGetErrorString(state));
-      DLO_CHECK(std::chrono::steady_clock::now() < deadline, "NCCL ", what, " did not finish in 300 s");
+      DLO_CHECK(std::chrono::steady_clock::now() < deadline, "NCCL ", what, " did not finish in ", timeout_s_,
+                " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck");
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
   int rank_, size_, device_;
+  double timeout_s_ = 600;
   ncclComm_t comm_ = nullptr;
 };
 

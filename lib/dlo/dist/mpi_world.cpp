@@ -3,11 +3,46 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "dlo/common/error.h"
 
 namespace dlo {
+namespace {
+
+// Waits for every request, polling: spins briefly (these messages are small), then sleeps between
+// tests so a waiting rank leaves the cores to the others. After `timeout_s` the ranks `peers[i]`
+// whose request i has not completed are named and every rank is ended.
+void wait_all(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, const char* phase, double timeout_s) {
+  const auto start = std::chrono::steady_clock::now();
+  std::size_t pending = reqs.size();
+  std::vector<int> done(reqs.size());
+  for (int spins = 0; pending > 0; ++spins) {
+    int n = 0;
+    MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &n, done.data(), MPI_STATUSES_IGNORE);
+    if (n == MPI_UNDEFINED) break;
+    pending -= static_cast<std::size_t>(n);
+    if (pending == 0) break;
+    if (spins < 200) continue;
+    std::this_thread::sleep_for(std::chrono::microseconds(spins < 5000 ? 50 : 1000));
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <= timeout_s) continue;
+    std::vector<int> missing;
+    for (std::size_t i = 0; i < reqs.size(); ++i)
+      if (reqs[i] != MPI_REQUEST_NULL) missing.push_back(peers[i]);
+    std::sort(missing.begin(), missing.end());
+    missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    std::string names;
+    for (std::size_t i = 0; i < missing.size(); ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
+    MpiWorld::abort(str(phase, ": ", missing.size() == 1 ? "rank " : "ranks ", names,
+                        " did not arrive within ", timeout_s, " s (DLO_GATHER_TIMEOUT_S): stuck, stopped or gone"));
+  }
+}
+
+}  // namespace
 
 MpiWorld::MpiWorld(int* argc, char*** argv) {
   int initialised = 0;
@@ -28,6 +63,10 @@ MpiWorld::MpiWorld(int* argc, char*** argv) {
   MPI_Comm_rank(local, &local_rank_);
   MPI_Comm_size(local, &local_size_);
   MPI_Comm_free(&local);
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  comm_f_ = static_cast<int>(MPI_Comm_c2f(comm));
+  have_comm_ = true;
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
   MPI_Get_processor_name(name, &len);
@@ -35,80 +74,165 @@ MpiWorld::MpiWorld(int* argc, char*** argv) {
 }
 
 MpiWorld::~MpiWorld() {
-  if (we_initialised_) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (have_comm_) {
+    MPI_Comm comm = MPI_Comm_f2c(comm_f_);
+    MPI_Comm_free(&comm);
   }
+  if (we_initialised_) MPI_Finalize();
 }
 
 std::string MpiWorld::tag() const { return str("[", rank_, "/", size_, "]"); }
 
+void MpiWorld::set_timeout_s(double seconds) {
+  DLO_CHECK(std::isfinite(seconds) && seconds > 0, "a collective timeout must be > 0 seconds, got ", seconds);
+  timeout_s_ = seconds;
+}
+
 void MpiWorld::abort(const std::string& message, int code) {
-  int rank = -1, size = 0, initialised = 0;
+  int rank = -1, size = 0, initialised = 0, finalized = 0;
   MPI_Initialized(&initialised);
-  if (initialised) {
+  MPI_Finalized(&finalized);
+  const bool live = initialised && !finalized;
+  if (live) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
   }
   std::fprintf(stderr, "[%d/%d] fatal: %s; aborting all ranks\n", rank, size, message.c_str());
   std::fflush(stderr);
-  if (initialised) MPI_Abort(MPI_COMM_WORLD, code);
+  if (live) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
 
-std::vector<std::int64_t> MpiWorld::allgather(std::int64_t value) const {
+int MpiWorld::next_tag() const {
+  // Four tags per collective; MPI guarantees tags up to 32767.
+  return 1 + static_cast<int>((seq_++ % 8000) * 4);
+}
+
+std::vector<std::int64_t> MpiWorld::allgather(std::int64_t value, const char* phase) const {
   std::vector<std::int64_t> out(static_cast<std::size_t>(size_));
-  MPI_Allgather(&value, 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
-  return out;
-}
-
-std::vector<std::string> MpiWorld::gather_strings(const std::string& mine, int root) const {
-  const int n = static_cast<int>(mine.size());
-  std::vector<int> sizes(static_cast<std::size_t>(size_));
-  MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, MPI_COMM_WORLD);
-  std::vector<int> displs(static_cast<std::size_t>(size_), 0);
-  std::string all;
-  if (rank_ == root) {
-    int total = 0;
-    for (int r = 0; r < size_; ++r) {
-      displs[r] = total;
-      total += sizes[r];
-    }
-    all.resize(static_cast<std::size_t>(total));
+  out[static_cast<std::size_t>(rank_)] = value;
+  if (size_ == 1) return out;
+  MPI_Comm comm = MPI_Comm_f2c(comm_f_);
+  const int tag = next_tag();
+  std::vector<MPI_Request> reqs;
+  std::vector<int> peers;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    reqs.emplace_back();
+    MPI_Irecv(&out[static_cast<std::size_t>(r)], 1, MPI_INT64_T, r, tag, comm, &reqs.back());
+    peers.push_back(r);
+    reqs.emplace_back();
+    MPI_Isend(&value, 1, MPI_INT64_T, r, tag, comm, &reqs.back());
+    peers.push_back(r);
   }
-  MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR, root, MPI_COMM_WORLD);
-  std::vector<std::string> out;
-  if (rank_ == root)
-    for (int r = 0; r < size_; ++r) out.push_back(all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(sizes[r])));
+  wait_all(reqs, peers, phase, timeout_s_);
   return out;
 }
 
-std::string MpiWorld::broadcast_string(const std::string& value, int root) const {
-  std::int64_t n = static_cast<std::int64_t>(value.size());
-  MPI_Bcast(&n, 1, MPI_INT64_T, root, MPI_COMM_WORLD);
-  std::string out = rank_ == root ? value : std::string(static_cast<std::size_t>(n), '\0');
-  MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, root, MPI_COMM_WORLD);
+std::vector<std::string> MpiWorld::gather_strings(const std::string& mine, int root, const char* phase) const {
+  DLO_CHECK(root >= 0 && root < size_, "gather_strings: root ", root, " is not a rank");
+  if (size_ == 1) return {mine};
+  MPI_Comm comm = MPI_Comm_f2c(comm_f_);
+  const int tag = next_tag();
+  std::vector<MPI_Request> reqs;
+  std::vector<int> peers;
+  if (rank_ != root) {
+    // Size, then bytes; then wait for the root's acknowledgement, so a stuck root is noticed here.
+    std::int64_t n = static_cast<std::int64_t>(mine.size());
+    char ack = 0;
+    reqs.resize(3);
+    MPI_Isend(&n, 1, MPI_INT64_T, root, tag, comm, &reqs[0]);
+    MPI_Isend(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, root, tag + 1, comm, &reqs[1]);
+    MPI_Irecv(&ack, 1, MPI_CHAR, root, tag + 2, comm, &reqs[2]);
+    peers.assign(3, root);
+    // The root knows which ranks are missing: give it the first word (a grace period here), so
+    // the message names the stuck rank rather than "rank 0" whenever the root is alive.
+    wait_all(reqs, peers, phase, timeout_s_ + std::min(timeout_s_, 30.0));
+    return {};
+  }
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(size_), 0);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    reqs.emplace_back();
+    MPI_Irecv(&sizes[static_cast<std::size_t>(r)], 1, MPI_INT64_T, r, tag, comm, &reqs.back());
+    peers.push_back(r);
+  }
+  wait_all(reqs, peers, phase, timeout_s_);
+  std::vector<std::string> out(static_cast<std::size_t>(size_));
+  out[static_cast<std::size_t>(rank_)] = mine;
+  reqs.clear();
+  peers.clear();
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    DLO_CHECK(sizes[r] >= 0 && sizes[r] < (std::int64_t{1} << 31), phase, ": rank ", r, " sent a size of ", sizes[r]);
+    out[static_cast<std::size_t>(r)].resize(static_cast<std::size_t>(sizes[r]));
+    reqs.emplace_back();
+    MPI_Irecv(out[static_cast<std::size_t>(r)].data(), static_cast<int>(sizes[r]), MPI_CHAR, r, tag + 1, comm,
+              &reqs.back());
+    peers.push_back(r);
+  }
+  static const char ack = 1;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    reqs.emplace_back();
+    MPI_Isend(&ack, 1, MPI_CHAR, r, tag + 2, comm, &reqs.back());
+    peers.push_back(r);
+  }
+  wait_all(reqs, peers, phase, timeout_s_);
   return out;
 }
 
-std::int64_t MpiWorld::allreduce_max(std::int64_t value) const {
-  std::int64_t out = 0;
-  MPI_Allreduce(&value, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+std::string MpiWorld::broadcast_string(const std::string& value, int root, const char* phase) const {
+  DLO_CHECK(root >= 0 && root < size_, "broadcast_string: root ", root, " is not a rank");
+  if (size_ == 1) return value;
+  MPI_Comm comm = MPI_Comm_f2c(comm_f_);
+  const int tag = next_tag();
+  std::vector<MPI_Request> reqs;
+  std::vector<int> peers;
+  if (rank_ == root) {
+    std::int64_t n = static_cast<std::int64_t>(value.size());
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      reqs.emplace_back();
+      MPI_Isend(&n, 1, MPI_INT64_T, r, tag, comm, &reqs.back());
+      peers.push_back(r);
+      reqs.emplace_back();
+      MPI_Isend(value.data(), static_cast<int>(value.size()), MPI_CHAR, r, tag + 1, comm, &reqs.back());
+      peers.push_back(r);
+    }
+    wait_all(reqs, peers, phase, timeout_s_);
+    return value;
+  }
+  std::int64_t n = 0;
+  reqs.resize(1);
+  MPI_Irecv(&n, 1, MPI_INT64_T, root, tag, comm, &reqs[0]);
+  peers.assign(1, root);
+  wait_all(reqs, peers, phase, timeout_s_);
+  DLO_CHECK(n >= 0 && n < (std::int64_t{1} << 31), phase, ": rank ", root, " sent a size of ", n);
+  std::string out(static_cast<std::size_t>(n), '\0');
+  MPI_Irecv(out.data(), static_cast<int>(n), MPI_CHAR, root, tag + 1, comm, &reqs[0]);
+  wait_all(reqs, peers, phase, timeout_s_);
   return out;
 }
 
-std::int64_t MpiWorld::allreduce_min(std::int64_t value) const {
-  std::int64_t out = 0;
-  MPI_Allreduce(&value, &out, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
-  return out;
+std::int64_t MpiWorld::allreduce_max(std::int64_t value, const char* phase) const {
+  const auto all = allgather(value, phase);
+  return *std::max_element(all.begin(), all.end());
 }
 
-void MpiWorld::barrier() const { MPI_Barrier(MPI_COMM_WORLD); }
+std::int64_t MpiWorld::allreduce_min(std::int64_t value, const char* phase) const {
+  const auto all = allgather(value, phase);
+  return *std::min_element(all.begin(), all.end());
+}
 
-void MpiWorld::check_all(const std::string& my_error) const {
-  if (allreduce_max(my_error.empty() ? 0 : 1) == 0) return;
-  auto all = gather_strings(my_error);
+void MpiWorld::barrier(const char* phase) const { allgather(0, phase); }
+
+void MpiWorld::check_all(const std::string& my_error, const char* phase) const {
+  if (allreduce_max(my_error.empty() ? 0 : 1, phase) == 0) return;
+  auto all = gather_strings(my_error, 0, phase);
   std::string combined;
   if (rank_ == 0) {
     // Identical messages (the usual case: every rank read the same bad input) are said once.
@@ -123,7 +247,7 @@ void MpiWorld::check_all(const std::string& my_error) const {
       combined += size_ > 1 ? str("rank ", r, ": ", all[r]) : all[r];
     }
   }
-  throw Error(broadcast_string(combined));
+  throw Error(broadcast_string(combined, 0, phase));
 }
 
 }  // namespace dlo

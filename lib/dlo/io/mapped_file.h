@@ -8,10 +8,16 @@
 
 namespace dlo {
 
+// The path of the live MappedFile whose mapping holds `address`, copied NUL-terminated (cut to
+// `n` bytes) into `out`; false when no mapping holds it. Lock-free and async-signal-safe: for a
+// SIGBUS handler to name the file that changed under a mapping (see dlo/dist/tool.h).
+bool mapped_file_at(const void* address, char* out, std::size_t n) noexcept;
+
 class MappedFile {
  public:
   // Maps `path` read-only and shared, so every process mapping the same file shares one copy in
-  // the page cache. Throws dlo::Error naming the path if it cannot be opened or mapped.
+  // the page cache. Throws dlo::Error naming the path if it cannot be opened or mapped, or is not
+  // a regular file (a FIFO is refused without blocking).
   // An empty file maps to size() == 0 and data() == nullptr.
   static std::shared_ptr<const MappedFile> open(const std::string& path);
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
 
 namespace dlo {
 namespace fs = std::filesystem;
@@ -129,13 +130,7 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  DLO_CHECK(in, "cannot open '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text_file(const std::string& path) { return read_file(path); }  // FIFO-safe
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <set>
 
@@ -67,7 +68,37 @@ void write_one(AtomicFile& out, const std::vector<TensorSpec>& specs, std::vecto
 std::vector<std::byte> largest_buffer(const std::vector<TensorSpec>& specs) {
   std::uint64_t largest = 0;
   for (const auto& s : specs) largest = std::max(largest, s.nbytes());
-  return std::vector<std::byte>(static_cast<std::size_t>(largest));
+  try {
+    return std::vector<std::byte>(static_cast<std::size_t>(largest));
+  } catch (const std::bad_alloc&) {
+    throw Error(str("out of memory: the writer's buffer for the largest tensor needs ", largest, " bytes"));
+  }
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const std::size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// Removes the checkpoint files of `dir` that `written` did not write (WriteOptions::replace_folder).
+void remove_stale_files(const std::string& dir, const WriteResult& written) {
+  std::set<std::string> keep;
+  for (const auto& f : written.files) keep.insert(fs::path(f).filename().string());
+  if (!written.index_path.empty()) keep.insert(fs::path(written.index_path).filename().string());
+  std::error_code ec;
+  bool removed = false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (keep.count(name) || !(ends_with(name, ".safetensors") || ends_with(name, ".safetensors.index.json"))) continue;
+    std::error_code type_ec;
+    if (e.is_directory(type_ec)) continue;
+    std::error_code rm;
+    fs::remove(e.path(), rm);
+    DLO_CHECK(!rm, "removing the stale checkpoint file '", e.path().string(), "': ", rm.message());
+    removed = true;
+  }
+  DLO_CHECK(!ec, "listing '", dir, "': ", ec.message());
+  if (removed) sync_folder(dir);
 }
 
 }  // namespace
@@ -97,9 +128,7 @@ WriteResult write_safetensors_dir(const std::string& dir, const std::vector<Tens
   check_specs(specs);
   DLO_CHECK(!options.base_name.empty() && options.base_name.find('/') == std::string::npos,
             "base name '", options.base_name, "' must be a plain file name");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  DLO_CHECK(!ec, "cannot create directory '", dir, "': ", ec.message());
+  make_folders(dir);
 
   // Split in the given order, the way diffusers/transformers shard a state dict.
   std::vector<std::vector<std::size_t>> shards(1);
@@ -146,10 +175,20 @@ WriteResult write_safetensors_dir(const std::string& dir, const std::vector<Tens
   }
   for (auto& p : pending) p->commit();
   if (index) index->commit();
+  if (options.replace_folder) remove_stale_files(dir, result);
   return result;
 }
 
 WriteResult copy_checkpoint(const Checkpoint& src, const std::string& dir, WriteOptions options) {
+  // Never write where the source lives: the write would replace (and then remove) what it reads.
+  std::error_code ec;
+  if (fs::exists(dir, ec))
+    for (const auto& f : src.files()) {
+      const fs::path from = fs::path(f->path()).parent_path().empty() ? fs::path(".") : fs::path(f->path()).parent_path();
+      std::error_code eq;
+      DLO_CHECK(!fs::equivalent(from, dir, eq), "'", dir, "' holds the source checkpoint ('", f->path(),
+                "'): copy into another folder");
+    }
   std::vector<TensorSpec> specs;
   std::vector<const TensorInfo*> infos;
   // File order, so the source is read sequentially.

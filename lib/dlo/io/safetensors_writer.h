@@ -38,6 +38,12 @@ struct WriteOptions {
   std::string base_name = "model";
   // "__metadata__" of every file written (e.g. {"format": "pt"}).
   std::map<std::string, std::string> metadata;
+  // A checkpoint write replaces the previous checkpoint in its folder completely: once every new
+  // file is in place, every other "*.safetensors" and "*.safetensors.index.json" in the folder is
+  // removed (a stale index would otherwise win when the folder is opened, or a second single file
+  // make it ambiguous). Until then the old files stay, so a failed write leaves the old checkpoint.
+  // false: leave other files alone (several checkpoints in one folder, opened by file name).
+  bool replace_folder = true;
 };
 
 struct WriteResult {
@@ -46,8 +52,8 @@ struct WriteResult {
   std::uint64_t total_bytes = 0;   // tensor data bytes
 };
 
-// Writes `specs` into directory `dir` (created if missing). Tensor names must be unique and
-// non-empty. Throws dlo::Error on bad specs or I/O failure (removing its temporary files);
+// Writes `specs` into directory `dir` (created if missing; see WriteOptions::replace_folder for what
+// happens to other checkpoint files in it). Tensor names must be unique and non-empty. Throws dlo::Error on bad specs or I/O failure (removing its temporary files);
 // exceptions from `fill` propagate after the same cleanup.
 WriteResult write_safetensors_dir(const std::string& dir, const std::vector<TensorSpec>& specs,
                                   const FillFn& fill, const WriteOptions& options);
@@ -59,6 +65,8 @@ void write_safetensors_file(const std::string& path, const std::vector<TensorSpe
 class Checkpoint;
 // Copies every tensor of `src` (byte for byte, keeping its metadata) into `dir`, resharded by
 // `options` (options.metadata is merged over the source's). Streams through the source mapping.
+// Throws dlo::Error if `dir` is a folder the source's files are in (a write there would replace
+// what it is reading).
 WriteResult copy_checkpoint(const Checkpoint& src, const std::string& dir, WriteOptions options);
 
 // Default shard size of diffusers' save_pretrained ("10GB").

@@ -76,6 +76,13 @@ std::map<std::string, at::Tensor> load_tensors(const Checkpoint& ck) {
   return out;
 }
 
+std::map<std::string, at::Tensor> read_tensors(const std::string& path) {
+  const Checkpoint ck = Checkpoint::open(path);
+  std::map<std::string, at::Tensor> out;
+  for (const TensorInfo* t : ck.tensors()) out.emplace(t->name, tensor_view(ck, *t).clone());
+  return out;
+}
+
 void save_tensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                   const std::map<std::string, std::string>& metadata) {
   std::vector<TensorSpec> specs;

@@ -33,4 +33,9 @@ void save_tensors(const std::string& path, const std::vector<std::pair<std::stri
 // Reads every tensor of a single file or checkpoint as views, by name.
 std::map<std::string, at::Tensor> load_tensors(const Checkpoint& ck);
 
+// Reads every tensor of the checkpoint at `path` into private memory (copies) and closes it: for
+// small inputs read once, which a later change of the file (truncated, rewritten) cannot reach.
+// Throws dlo::Error as Checkpoint::open does (a FIFO is refused without blocking).
+std::map<std::string, at::Tensor> read_tensors(const std::string& path);
+
 }  // namespace dlo

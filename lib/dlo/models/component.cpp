@@ -81,6 +81,7 @@ TensorMap run_component(const std::string& model_dir, const std::string& compone
     // latents: normalised, as the transformer outputs them. Like WanPipeline: de-normalise with
     // the config's latents_mean/std, then vae.decode(); "output" is the video in [-1, 1].
     auto model = WanVae::load(dir, options.dtype);
+    for (const auto& w : model.config().warnings) stats.warnings.push_back(w);
     const at::Tensor& x = require_input(inputs, "latents", component);
     at::Tensor out = with_context("vae decode", [&] { return timed([&] { return model.decode(model.denormalize(x)); }); });
     return {{"output", out}};

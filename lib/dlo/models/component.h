@@ -18,6 +18,7 @@ struct ForwardStats {
   std::int64_t rss_after_load_kb = -1;   // after building the model, before the first forward
   std::int64_t peak_rss_kb = -1;         // VmHWM over the forward passes
   std::vector<double> forward_seconds;   // one entry per pass
+  std::vector<std::string> warnings;     // things the config loaders accepted with a warning (apps print)
 };
 
 struct ForwardOptions {

@@ -6,15 +6,13 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
 
 namespace dlo {
 
 JsonConfig JsonConfig::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  DLO_CHECK(in, "cannot open config '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  // read_file checks the type by stat first: a FIFO named config.json is refused, not waited on.
+  return parse(with_context("reading config", [&] { return read_file(path); }), path);
 }
 
 JsonConfig JsonConfig::parse(const std::string& text, const std::string& label) {

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
+#include "dlo/common/memory.h"
 #include "dlo/models/random_weights.h"
 #include "dlo/text/tokenizer.h"
 
@@ -16,11 +18,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  DLO_CHECK(out, "cannot write '", path, "'");
-  out << text;
-  DLO_CHECK(out.good(), "writing '", path, "' failed");
+// Whole or absent, every byte checked, synced before the rename (dlo/common/file.h).
+void write_text(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
+
+const std::vector<std::string>& known_components() {
+  static const std::vector<std::string> k{"transformer", "scheduler", "vae", "text_encoder", "tokenizer"};
+  return k;
+}
+
+// Memory a random checkpoint write needs at its peak: the writer's buffer for the largest tensor,
+// plus the fp32 tensor drawn for it and its conversion (random_weights.cpp).
+std::uint64_t write_peak_bytes(const std::vector<TensorSpec>& specs) {
+  std::uint64_t peak = 0;
+  for (const auto& s : specs) {
+    const std::uint64_t n = s.nbytes();
+    const std::uint64_t numel = n / dtype_size(s.dtype);
+    peak = std::max(peak, n + numel * 4 + n);
+  }
+  return peak;
 }
 
 // diffusers' UniPCMultistepScheduler config of the Wan2.1 T2V repos (wan-spec 3.6).
@@ -59,7 +74,7 @@ std::string unipc_scheduler_json() {
 WriteResult write_random_wan_transformer(const std::string& dir, const WanTransformerConfig& c, DType dtype,
                                          std::uint64_t seed, std::uint64_t shard_bytes) {
   c.validate("transformer config");
-  fs::create_directories(dir);
+  make_folders(dir);
   WriteOptions w;
   w.base_name = "diffusion_pytorch_model";
   w.max_shard_bytes = shard_bytes;
@@ -78,7 +93,7 @@ WriteResult write_random_wan_transformer(const std::string& dir, const WanTransf
 WriteResult write_random_wan_vae(const std::string& dir, const WanVaeConfig& c, DType dtype, std::uint64_t seed,
                                  std::uint64_t shard_bytes) {
   c.validate("vae config");
-  fs::create_directories(dir);
+  make_folders(dir);
   WriteOptions w;
   w.base_name = "diffusion_pytorch_model";
   w.max_shard_bytes = shard_bytes;
@@ -96,7 +111,40 @@ WriteResult write_random_wan_vae(const std::string& dir, const WanVaeConfig& c, 
   return r;
 }
 
+void check_make_model(const std::string& dir, const MakeModelOptions& o) {
+  DLO_CHECK(!o.components.empty(), "no components to write");
+  for (std::size_t i = 0; i < o.components.size(); ++i) {
+    const auto& comp = o.components[i];
+    DLO_CHECK(std::find(known_components().begin(), known_components().end(), comp) != known_components().end(),
+              "unknown component '", comp, "' (transformer, scheduler, vae, text_encoder, tokenizer)");
+    DLO_CHECK(std::find(o.components.begin(), o.components.begin() + static_cast<std::ptrdiff_t>(i), comp) ==
+                  o.components.begin() + static_cast<std::ptrdiff_t>(i),
+              "component '", comp, "' is listed twice");
+  }
+  auto has = [&](const char* c) { return std::find(o.components.begin(), o.components.end(), c) != o.components.end(); };
+  if (has("transformer")) o.transformer.validate("transformer config");
+  if (has("vae")) o.vae.validate("vae config");
+  if (has("text_encoder")) o.text_encoder.validate("text encoder config");
+  // WanPipeline feeds the VAE's latents to the transformer and its output back to the VAE.
+  if (has("transformer") && has("vae"))
+    DLO_CHECK(o.transformer.in_channels == o.vae.z_dim && o.transformer.out_channels == o.vae.z_dim,
+              "the transformer's in_channels/out_channels (", o.transformer.in_channels, "/",
+              o.transformer.out_channels, ") must equal the VAE's z_dim (", o.vae.z_dim,
+              "): WanPipeline passes the VAE's latents through the transformer");
+  check_output_folder(dir);
+  // The peak memory of the write, against what the process can get.
+  std::uint64_t peak = 0;
+  if (has("transformer")) peak = std::max(peak, write_peak_bytes(wan_transformer_specs(o.transformer, o.dtype)));
+  if (has("vae")) peak = std::max(peak, write_peak_bytes(wan_vae_specs(o.vae, o.vae_dtype)));
+  if (has("text_encoder")) peak = std::max(peak, write_peak_bytes(umt5_encoder_specs(o.text_encoder, o.dtype)));
+  const std::uint64_t avail = available_memory_bytes();
+  DLO_CHECK(avail == 0 || peak <= avail, "out of memory: writing these components needs about ", human_bytes(peak),
+            " (the largest tensor, drawn in fp32 and converted), but only ", human_bytes(avail), " is available");
+}
+
 MakeModelResult make_model(const std::string& dir, const MakeModelOptions& o) {
+  // Everything that can be refused is refused before the first byte is written.
+  check_make_model(dir, o);
   MakeModelResult result;
   nlohmann::ordered_json index = {{"_class_name", "WanPipeline"}, {"_diffusers_version", "0.42.1"}};
   auto has = [&](const char* c) { return std::find(o.components.begin(), o.components.end(), c) != o.components.end(); };
@@ -106,14 +154,14 @@ MakeModelResult make_model(const std::string& dir, const MakeModelOptions& o) {
   if (has("text_encoder") && has("tokenizer"))
     DLO_CHECK(o.text_encoder.vocab_size >= kTinyTokenizerPieces + kTinyTokenizerExtraIds, "the text encoder's vocab_size (",
               o.text_encoder.vocab_size, ") is below the tokenizer's ", kTinyTokenizerPieces + kTinyTokenizerExtraIds);
-  fs::create_directories(dir);
+  make_folders(dir);
   for (const auto& comp : o.components) {
     const std::string sub = (fs::path(dir) / comp).string();
     if (comp == "transformer") {
       result.bytes += write_random_wan_transformer(sub, o.transformer, o.dtype, o.seed, o.shard_bytes).total_bytes;
       index["transformer"] = {"diffusers", "WanTransformer3DModel"};
     } else if (comp == "scheduler") {
-      fs::create_directories(sub);
+      make_folders(sub);
       write_text(sub + "/scheduler_config.json", unipc_scheduler_json());
       index["scheduler"] = {"diffusers", "UniPCMultistepScheduler"};
     } else if (comp == "text_encoder") {

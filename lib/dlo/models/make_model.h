@@ -35,8 +35,16 @@ struct MakeModelResult {
   std::uint64_t bytes = 0;           // tensor bytes written
 };
 
-// Writes `<dir>/<component>/...` for each requested component and `<dir>/model_index.json`.
-// Memory stays bounded by the largest tensor. Throws dlo::Error on bad options or I/O failure.
+// Checks everything make_model() can refuse before it writes: known components, each listed once;
+// valid configs; parts that fit together (transformer in/out_channels == VAE z_dim when both are
+// written); `dir` can be created or written (not a file); the write's peak memory (the largest
+// tensor) fits what is available. Throws dlo::Error naming the problem. Writes nothing.
+void check_make_model(const std::string& dir, const MakeModelOptions& options);
+
+// Writes `<dir>/<component>/...` for each requested component and `<dir>/model_index.json`,
+// after check_make_model(). Each component's checkpoint replaces the one its folder held (see
+// WriteOptions::replace_folder); every file is written atomically. Memory stays bounded by the
+// largest tensor. Throws dlo::Error on bad options (before writing) or I/O failure.
 MakeModelResult make_model(const std::string& dir, const MakeModelOptions& options);
 
 // Only the transformer: `dir` gets config.json + safetensors (+ index when sharded).

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
 #include "dlo/models/random_weights.h"
 
 namespace dlo {
@@ -327,6 +328,18 @@ Umt5Encoder Umt5Encoder::load(const std::string& dir, at::ScalarType compute, bo
     auto config = Umt5Config::from_json(JsonConfig::load(dir + "/config.json"));
     Umt5Encoder m(config, WeightStore::open(dir), compute);
     const auto& c = m.config_;
+    // Every tensor with its shape, and none the config does not use (see check_checkpoint_tensors);
+    // the embedding may be stored as shared.weight, encoder.embed_tokens.weight or both (tied).
+    {
+      TensorShapes expected;
+      for (const auto& s : umt5_encoder_specs(c, DType::F32))
+        if (s.name != "shared.weight") expected.emplace_back(s.name, s.shape);
+      for (const char* emb : {"shared.weight", "encoder.embed_tokens.weight"})
+        if (const TensorInfo* t = m.store_.checkpoint().find(emb))
+          DLO_CHECK(t->shape == (std::vector<std::int64_t>{c.vocab_size, c.d_model}), m.store_.checkpoint().source(),
+                    ": tensor '", emb, "' is not [vocab_size ", c.vocab_size, ", d_model ", c.d_model, "]");
+      check_checkpoint_tensors(m.store_, expected, {"shared.weight", "encoder.embed_tokens.weight"});
+    }
     auto get = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
       return as_dtype(m.store_.get(name, shape), umt5_weight_dtype(name, compute));
     };
@@ -344,9 +357,6 @@ Umt5Encoder Umt5Encoder::load(const std::string& dir, at::ScalarType compute, bo
         for (auto& [name, shape] : block_entries(c, i)) t.push_back(get(name, shape));
         m.blocks_.push_back(Umt5BlockWeights::bind(t, c));
       }
-    } else {
-      const std::string last = umt5_block_tensor_names(c, c.num_layers - 1).back();
-      DLO_CHECK(m.store_.has(last), "config says ", c.num_layers, " layers, but the checkpoint has no '", last, "'");
     }
     return m;
   });
@@ -440,7 +450,7 @@ at::Tensor Umt5Encoder::forward(const at::Tensor& input_ids, const at::Tensor& a
 WriteResult write_random_umt5_encoder(const std::string& dir, const Umt5Config& c, DType dtype, std::uint64_t seed,
                                       std::uint64_t shard_bytes) {
   c.validate("text encoder config");
-  std::filesystem::create_directories(dir);
+  make_folders(dir);
   WriteOptions w;
   w.base_name = "model";
   w.max_shard_bytes = shard_bytes;
@@ -463,10 +473,7 @@ WriteResult write_random_umt5_encoder(const std::string& dir, const Umt5Config& 
   };
   auto r = write_random_checkpoint(dir, umt5_encoder_specs(c, dtype), init, seed, w);
   const char* name = dtype == DType::F32 ? "float32" : dtype == DType::F16 ? "float16" : "bfloat16";
-  std::ofstream out(dir + "/config.json", std::ios::binary);
-  DLO_CHECK(out, "cannot write '", dir, "/config.json'");
-  out << c.to_json(name);
-  DLO_CHECK(out.good(), "writing '", dir, "/config.json' failed");
+  write_file_atomic(dir + "/config.json", c.to_json(name));
   return r;
 }
 

@@ -337,6 +337,11 @@ WanTransformer WanTransformer::load(const std::string& dir, at::ScalarType compu
     auto config = WanTransformerConfig::from_json(JsonConfig::load(dir + "/config.json"));
     WanTransformer m(config, WeightStore::open(dir), compute);
     const auto& c = m.config_;
+    // Every tensor, blocks included (the engine streams them later), with its shape, and no
+    // tensor the config does not use: a mismatch is found here, not mid-run.
+    TensorShapes expected;
+    for (const auto& s : wan_transformer_specs(c, DType::F32)) expected.emplace_back(s.name, s.shape);
+    check_checkpoint_tensors(m.store_, expected);
     auto get = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
       return as_dtype(m.store_.get(name, shape), wan_weight_dtype(name, compute));
     };
@@ -366,10 +371,6 @@ WanTransformer WanTransformer::load(const std::string& dir, at::ScalarType compu
           t.push_back(get("blocks." + std::to_string(i) + "." + n, block_shape(n, c)));
         m.blocks_.push_back(WanBlockWeights::bind(t, c));
       }
-    } else {
-      // The engine supplies blocks, but the checkpoint must still hold them all.
-      DLO_CHECK(m.store_.has("blocks." + std::to_string(c.num_layers - 1) + ".scale_shift_table"),
-                "config says ", c.num_layers, " layers, but the checkpoint has no block ", c.num_layers - 1);
     }
     // RoPE tables, as diffusers' WanRotaryPosEmbed builds its buffers.
     const std::int64_t d = c.attention_head_dim, hw = 2 * (d / 6), t = d - 2 * hw;
@@ -385,28 +386,43 @@ WanTransformer WanTransformer::load(const std::string& dir, at::ScalarType compu
   });
 }
 
-WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& timestep,
-                                      const at::Tensor& context_in) const {
+void WanTransformer::check_inputs(const at::Tensor& x_in, const at::Tensor& timestep,
+                                  const at::Tensor& context_in) const {
   const auto& c = config_;
   const auto& p = c.patch_size;
+  DLO_CHECK(x_in.defined() && timestep.defined() && context_in.defined(), "an input tensor is missing");
   DLO_CHECK(x_in.dim() == 5, "hidden_states must be [B, C, F, H, W], got ", x_in.sizes());
   const std::int64_t B = x_in.size(0);
+  DLO_CHECK(B > 0, "hidden_states has batch size 0");
   DLO_CHECK(x_in.size(1) == c.in_channels, "hidden_states has ", x_in.size(1), " channels; the model takes ",
             c.in_channels);
   DLO_CHECK(x_in.size(2) % p[0] == 0 && x_in.size(3) % p[1] == 0 && x_in.size(4) % p[2] == 0,
             "hidden_states frames/height/width ", x_in.sizes().slice(2), " must be multiples of patch_size [", p[0],
             ", ", p[1], ", ", p[2], "]");
+  const std::int64_t frames = x_in.size(2) / p[0], height = x_in.size(3) / p[1], width = x_in.size(4) / p[2];
+  DLO_CHECK(frames > 0 && height > 0 && width > 0, "hidden_states is empty: ", x_in.sizes());
+  DLO_CHECK(std::max({frames, height, width}) <= c.rope_max_seq_len, "latent grid ", frames, "x", height, "x", width,
+            " exceeds rope_max_seq_len ", c.rope_max_seq_len);
+  DLO_CHECK(timestep.dim() == 1 && timestep.size(0) == B, "timestep must be [", B,
+            "] (one per batch entry of hidden_states), got ", timestep.sizes());
+  DLO_CHECK(!timestep.is_complex() && timestep.scalar_type() != at::kBool, "timestep must be numbers, got ",
+            c10::toString(timestep.scalar_type()));
+  DLO_CHECK(context_in.dim() == 3 && context_in.size(0) == B && context_in.size(2) == c.text_dim,
+            "encoder_hidden_states must be [", B, ", L, ", c.text_dim, "] (batch ", B,
+            " as hidden_states), got ", context_in.sizes());
+  DLO_CHECK(context_in.size(1) > 0, "encoder_hidden_states has no tokens: ", context_in.sizes());
+}
+
+WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& timestep,
+                                      const at::Tensor& context_in) const {
+  const auto& c = config_;
+  const auto& p = c.patch_size;
+  check_inputs(x_in, timestep, context_in);
   WanForwardState s;
-  s.batch = B;
+  s.batch = x_in.size(0);
   s.frames = x_in.size(2) / p[0];
   s.height = x_in.size(3) / p[1];
   s.width = x_in.size(4) / p[2];
-  DLO_CHECK(s.frames > 0 && s.height > 0 && s.width > 0, "hidden_states is empty: ", x_in.sizes());
-  DLO_CHECK(std::max({s.frames, s.height, s.width}) <= c.rope_max_seq_len, "latent grid ", s.frames, "x", s.height,
-            "x", s.width, " exceeds rope_max_seq_len ", c.rope_max_seq_len);
-  DLO_CHECK(timestep.dim() == 1 && timestep.size(0) == B, "timestep must be [", B, "], got ", timestep.sizes());
-  DLO_CHECK(context_in.dim() == 3 && context_in.size(0) == B && context_in.size(2) == c.text_dim,
-            "encoder_hidden_states must be [", B, ", L, ", c.text_dim, "], got ", context_in.sizes());
 
   const auto dt = compute_;
   const at::Tensor x = x_in.to(device_, dt);

@@ -110,7 +110,12 @@ class WanTransformer {
   at::ScalarType compute_dtype() const { return compute_; }
   const WeightStore& weights() const { return store_; }
 
-  // Validates inputs (naming the bad one) and computes embeddings and RoPE tables.
+  // Checks inputs without computing anything (for start-up checks): hidden_states x [B, C_in, F,
+  // H, W] with F, H, W multiples of patch_size; timestep [B] (0-dim refused, as diffusers'
+  // timestep embedding refuses it); context [B, S, text_dim]; one B for all three. Throws
+  // dlo::Error naming the input.
+  void check_inputs(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const;
+  // Validates inputs (check_inputs) and computes embeddings and RoPE tables.
   // x: [B, C_in, F, H, W]; timestep: [B]; context: [B, S, text_dim].
   WanForwardState begin(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const;
   // Output head and unpatchify: [B, C_out, F, H, W] in the compute dtype.

@@ -102,14 +102,21 @@ WanVaeConfig WanVaeConfig::from_json(const JsonConfig& j) {
   // null means "not given" to the pipeline (it then falls back to 4 and 8); check what is given.
   if (j.has("scale_factor_temporal")) c.scale_factor_temporal = j.get_int("scale_factor_temporal");
   if (j.has("scale_factor_spatial")) c.scale_factor_spatial = j.get_int("scale_factor_spatial");
-  if (!j.has("scale_factor_temporal") || !j.has("scale_factor_spatial")) {
-    // Derive the missing ones from the structure so that validate() only reports given values.
+  {
+    // The weights' structure decides the temporal factor (temperal_downsample), as diffusers
+    // decodes: a missing factor is derived, a disagreeing one is followed with a warning.
     std::int64_t t = 1, s = 1;
     for (std::size_t i = 0; i + 1 < c.dim_mult.size() && i < c.temperal_downsample.size(); ++i) {
       s *= 2;
       if (c.temperal_downsample[i]) t *= 2;
     }
-    if (!j.has("scale_factor_temporal")) c.scale_factor_temporal = t;
+    if (j.has("scale_factor_temporal") && c.scale_factor_temporal != t)
+      c.warnings.push_back(str(f, ": field 'scale_factor_temporal' is ", c.scale_factor_temporal,
+                               ", but temperal_downsample ", j.dump("temperal_downsample"), " gives ", t,
+                               "; decoding follows temperal_downsample (as the weights do)"));
+    c.scale_factor_temporal = t;
+    // A disagreeing scale_factor_spatial stays refused by validate(): the pipeline sizes the
+    // latents by it, so it would render at the wrong size.
     if (!j.has("scale_factor_spatial")) c.scale_factor_spatial = s;
   }
   c.validate(f);
@@ -446,6 +453,13 @@ WanVae WanVae::load(const std::string& dir, at::ScalarType compute) {
     auto config = WanVaeConfig::from_json(JsonConfig::load(dir + "/config.json"));
     WanVae m(config, WeightStore::open(dir), compute);
     const auto& c = m.config_;
+    // The whole AutoencoderKLWan (encoder too) with its shapes, nothing else: see
+    // check_checkpoint_tensors.
+    {
+      TensorShapes expected;
+      for (auto& [n, s] : vae_shapes(c, /*include_encoder=*/true)) expected.emplace_back(n, s);
+      check_checkpoint_tensors(m.store_, expected);
+    }
     std::map<std::string, Shape> shapes;
     for (auto& [n, s] : vae_shapes(c, /*include_encoder=*/false)) shapes[n] = s;
     auto get = [&](const std::string& name) {

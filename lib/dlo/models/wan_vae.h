@@ -48,8 +48,11 @@ struct WanVaeConfig {
   std::vector<double> latents_std;
   std::int64_t in_channels = 3;
   std::int64_t out_channels = 3;
-  std::int64_t scale_factor_temporal = 4;  // must agree with temperal_downsample
-  std::int64_t scale_factor_spatial = 8;   // must agree with dim_mult
+  std::int64_t scale_factor_temporal = 4;  // agrees with temperal_downsample (from_json follows that)
+  std::int64_t scale_factor_spatial = 8;   // agrees with dim_mult (from_json follows that)
+  // What from_json() accepted but a user should hear about, one sentence each (the library does
+  // not print; apps do): e.g. a scale_factor_temporal that disagrees with temperal_downsample.
+  std::vector<std::string> warnings;
 
   WanVaeConfig();
 

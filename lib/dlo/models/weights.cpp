@@ -1,5 +1,10 @@
 #include "dlo/models/weights.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
 #include <ATen/ATen.h>
 
 #include "dlo/common/error.h"
@@ -27,6 +32,38 @@ at::Tensor WeightStore::get(const std::string& name, const std::vector<std::int6
   DLO_CHECK(t.shape == shape, ck_->source(), ": tensor '", name, "' has shape ", shape_str(t.shape),
             ", the config implies ", shape_str(shape));
   return tensor_view(*ck_, t);
+}
+
+void check_checkpoint_tensors(const WeightStore& store, const TensorShapes& expected,
+                              const std::vector<std::string>& optional) {
+  const Checkpoint& ck = store.checkpoint();
+  std::set<std::string> known(optional.begin(), optional.end());
+  for (const auto& [name, shape] : expected) {
+    known.insert(name);
+    const TensorInfo* t = ck.find(name);
+    DLO_CHECK(t != nullptr, ck.source(), ": no tensor '", name, "' (the config implies it)");
+    DLO_CHECK(t->shape == shape, ck.source(), ": tensor '", name, "' has shape ", shape_str(t->shape),
+              ", the config implies ", shape_str(shape));
+  }
+  std::vector<std::string> unused;
+  long last_block = -1;
+  for (const TensorInfo* t : ck.tensors()) {
+    if (known.count(t->name)) continue;
+    unused.push_back(t->name);
+    // "blocks.N." / "encoder.block.N.": the highest block index, for the hint below.
+    for (const char* prefix : {"blocks.", "encoder.block."}) {
+      const std::size_t n = std::strlen(prefix);
+      if (t->name.compare(0, n, prefix) == 0) last_block = std::max(last_block, std::atol(t->name.c_str() + n));
+    }
+  }
+  if (unused.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < unused.size() && i < 6; ++i) list += (i ? ", " : "") + ("'" + unused[i] + "'");
+  if (unused.size() > 6) list += str(" and ", unused.size() - 6, " more");
+  DLO_CHECK(false, ck.source(), ": holds ", unused.size(), " tensor(s) the config does not use: ", list,
+            last_block >= 0 ? str(" (the checkpoint has blocks up to ", last_block,
+                                  "; does config.json's num_layers match it?)")
+                            : std::string());
 }
 
 at::Tensor as_dtype(const at::Tensor& t, at::ScalarType dtype) {

@@ -35,6 +35,18 @@ class WeightStore {
   std::shared_ptr<const Checkpoint> ck_;
 };
 
+// The tensors a model expects from its checkpoint: full name and shape.
+using TensorShapes = std::vector<std::pair<std::string, std::vector<std::int64_t>>>;
+
+// Checks at load time that `store`'s checkpoint holds exactly the tensors `expected` lists, with
+// those shapes (a wrong ffn_dim or block width is caught here, before any work), and nothing
+// else: tensors the config does not use (num_layers smaller than the checkpoint's blocks, another
+// model's weights) are an error naming them, since running without them would be a different
+// model. `optional` names may be present or absent (a tied copy such as encoder.embed_tokens).
+// Throws dlo::Error naming the checkpoint and the tensors.
+void check_checkpoint_tensors(const WeightStore& store, const TensorShapes& expected,
+                              const std::vector<std::string>& optional = {});
+
 // `t` as `dtype`: the tensor itself when it already is (no copy), else a converted copy.
 at::Tensor as_dtype(const at::Tensor& t, at::ScalarType dtype);
 

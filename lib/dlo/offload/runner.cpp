@@ -78,8 +78,8 @@ StrategyChoice choose_strategy(const std::string& requested, std::uint64_t weigh
 WaveSchedule agree_wave(const MpiWorld& world, std::int64_t my_passes, std::uint64_t fingerprint) {
   DLO_CHECK(my_passes >= 0, "a rank's pass count must be >= 0");
   WaveSchedule w;
-  w.passes = world.allgather(my_passes);
-  auto prints = world.allgather(static_cast<std::int64_t>(fingerprint));
+  w.passes = world.allgather(my_passes, "wave agreement (pass counts)");
+  auto prints = world.allgather(static_cast<std::int64_t>(fingerprint), "wave agreement (block layout)");
   for (int r = 1; r < world.size(); ++r)
     DLO_CHECK(prints[r] == prints[0], "rank ", r, " planned a different block layout than rank 0 (fingerprint ",
               prints[r], " vs ", prints[0], "): all ranks must load the same checkpoint with the same dtype");

@@ -6,10 +6,12 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
 #include "dlo/common/memory.h"
 #include "dlo/dist/collective.h"
 #include "dlo/dist/mpi_world.h"
+#include "dlo/dist/tool.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/offload/runner.h"
 
@@ -55,6 +57,25 @@ std::int64_t device_peak_bytes(at::Device d) {
   return -1;
 }
 
+// Host or device bytes one forward needs beyond the weights, at its peak (one block at a time, all
+// branches): per branch about 12 hidden-state-sized fp32 tensors, 3 of the feed-forward's width,
+// the projected text, and the branch's inputs and output. Generous on purpose: it refuses only
+// runs that cannot fit.
+std::uint64_t forward_working_bytes(const WanTransformerConfig& c, std::int64_t batch, std::int64_t frames,
+                                    std::int64_t height, std::int64_t width, std::int64_t text_len,
+                                    std::size_t branches) {
+  const auto& p = c.patch_size;
+  const double tokens = static_cast<double>(batch) * static_cast<double>(frames / p[0]) *
+                        static_cast<double>(height / p[1]) * static_cast<double>(width / p[2]);
+  const double latent = static_cast<double>(batch) * static_cast<double>(c.in_channels + c.out_channels) *
+                        static_cast<double>(frames) * static_cast<double>(height) * static_cast<double>(width);
+  const double text = static_cast<double>(batch) * static_cast<double>(text_len) *
+                      static_cast<double>(c.dim() + c.text_dim) * 2;
+  const double per_branch = 4.0 * (tokens * static_cast<double>(12 * c.dim() + 3 * c.ffn_dim) + latent + text);
+  const double total = per_branch * static_cast<double>(branches);
+  return total >= 1.8e19 ? UINT64_MAX : static_cast<std::uint64_t>(total);
+}
+
 }  // namespace
 
 TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<std::string, at::Tensor>& inputs,
@@ -68,15 +89,53 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   std::unique_ptr<WanOffloadRunner> runner;
   std::vector<WanBranchInputs> branches;
   std::int64_t my_passes = o.passes;
+  std::uint64_t working = 0;
   try {
     device = pick_device(o.device, world);
     model.emplace(WanTransformer::load(o.model_dir + "/transformer", o.dtype, /*load_blocks=*/false));
+    const auto& c = model->config();
+    const std::size_t nbranch = o.guidance ? 2 : 1;
+    // The shapes of the run, checked before anything is allocated for it.
+    if (!o.random_latent.empty()) {
+      const auto& r = o.random_latent;
+      DLO_CHECK(r.size() == 4, "random inputs need F, H, W and the text length L");
+      for (auto v : r) DLO_CHECK(v > 0, "random inputs: F, H, W and L must be > 0");
+      model->check_inputs(at::empty({1, c.in_channels, r[0], r[1], r[2]}, at::TensorOptions().device(at::kMeta)),
+                          at::empty({1}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)),
+                          at::empty({1, r[3], c.text_dim}, at::TensorOptions().device(at::kMeta)));
+      working = forward_working_bytes(c, 1, r[0], r[1], r[2], r[3], nbranch);
+    } else {
+      const at::Tensor& x = input(inputs, "hidden_states");
+      const at::Tensor& t = input(inputs, "timestep");
+      const at::Tensor& ctx = input(inputs, "encoder_hidden_states");
+      model->check_inputs(x, t, ctx);
+      if (o.guidance) {
+        const at::Tensor& neg = input(inputs, "negative_encoder_hidden_states");
+        with_context("negative_encoder_hidden_states", [&] { model->check_inputs(x, t, neg); });
+      }
+      working = forward_working_bytes(c, x.size(0), x.size(2), x.size(3), x.size(4), ctx.size(1), nbranch);
+    }
+    // Refuse, with the figure, a run that cannot fit: on the CPU every rank of the node shares
+    // the host memory.
+    std::uint64_t avail = 0;
+    const std::uint64_t need = device.is_cpu() ? working * static_cast<std::uint64_t>(world.local_size()) : working;
+    if (device.is_cpu()) {
+      avail = available_memory_bytes();
+    } else {
+#ifdef DLO_HAVE_CUDA
+      std::size_t free = 0, total = 0;
+      if (cudaSetDevice(device.index()) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess) avail = free;
+#endif
+    }
+    DLO_CHECK(avail == 0 || need <= avail, "out of memory: this run needs about ", human_bytes(need),
+              " of working memory for its activations", device.is_cpu() && world.local_size() > 1
+                  ? str(" (", world.local_size(), " ranks on this node)") : std::string(),
+              " but ", human_bytes(avail), " is available on ", device.is_cpu() ? "the host" : device.str(),
+              "; use smaller latents or fewer ranks per node");
     model->to_device(device);
     runner = std::make_unique<WanOffloadRunner>(*model, world.size());
     after_load = read_process_memory();  // the model built (views), nothing computed yet
     if (!o.random_latent.empty()) {
-      DLO_CHECK(o.random_latent.size() == 4, "random inputs need F, H, W and the text length L");
-      const auto& c = model->config();
       at::manual_seed(o.random_seed + static_cast<std::uint64_t>(world.rank()));
       const auto& r = o.random_latent;
       branches.push_back({at::randn({1, c.in_channels, r[0], r[1], r[2]}), at::tensor({500}, at::kLong),
@@ -87,9 +146,6 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       if (o.guidance)
         branches.push_back({branches[0].hidden_states, branches[0].timestep, input(inputs, "negative_encoder_hidden_states")});
     }
-    // Validate the inputs now (shapes against the config), not mid-wave.
-    for (const auto& b : branches) model->begin(b.hidden_states.slice(0, 0, 1), b.timestep.slice(0, 0, 1),
-                                                b.encoder_hidden_states.slice(0, 0, 1));
     if (!o.rank_passes.empty()) {
       DLO_CHECK(static_cast<int>(o.rank_passes.size()) == world.size(), "--rank-passes lists ", o.rank_passes.size(),
                 " counts for ", world.size(), " ranks");
@@ -98,23 +154,29 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     DLO_CHECK(my_passes >= 0, "pass counts must be >= 0");
   } catch (const Error& e) {
     error = e.what();
+  } catch (const std::exception& e) {
+    // libtorch errors and failed allocations while loading: a message, not a stranded rank.
+    error = describe_exception(e);
   }
-  world.check_all(error);
+  if (o.test_hook) o.test_hook("loaded");
+  world.check_all(error, "start-up check (model and inputs loaded on every rank)");
   const WaveSchedule wave = agree_wave(world, my_passes, runner->plan().fingerprint());
+  // The rank that computed writes: the lowest one with passes (rank 0 may have none).
+  TransformerJobResult result;
+  result.writer_rank = -1;
+  for (int r = 0; r < world.size() && result.writer_rank < 0; ++r)
+    if (wave.passes[static_cast<std::size_t>(r)] > 0) result.writer_rank = r;
+  DLO_CHECK(result.writer_rank >= 0, "no rank has a pass to compute (every pass count is 0): nothing would be written");
 
-  // Working memory: activations of a few blocks, a rough bound for "auto".
-  const std::uint64_t tokens = static_cast<std::uint64_t>(branches[0].hidden_states.numel() / 4 + 512);
-  const std::uint64_t working = tokens * static_cast<std::uint64_t>(model->config().ffn_dim) * 4 * 4 * branches.size();
   // All ranks must make the same choice: decide on rank 0 and broadcast.
   StrategyChoice choice = choose_strategy(o.offload, runner->plan().total_bytes(), working, device, world.size());
-  const std::int64_t agreed = world.allgather(static_cast<std::int64_t>(choice.strategy))[0];
+  const std::int64_t agreed = world.allgather(static_cast<std::int64_t>(choice.strategy), "strategy agreement")[0];
   if (agreed != static_cast<std::int64_t>(choice.strategy)) {
     choice.strategy = static_cast<Strategy>(agreed);
     choice.reason = "as rank 0 chose";
   }
 
   // From here on a failure on one rank would strand the others in a collective: abort them all.
-  TransformerJobResult result;
   ProcessMemory before, after_pack;
   try {
     std::unique_ptr<Collective> collective;
@@ -131,7 +193,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     runner->start(eo, std::move(collective));
     after_pack = read_process_memory();
   } catch (const std::exception& e) {
-    MpiWorld::abort(str(world.tag(), " setting up the offload engine: ", e.what()));
+    MpiWorld::abort(str(world.tag(), " setting up the offload engine: ", describe_exception(e)));
   }
 
   using Clock = std::chrono::steady_clock;
@@ -152,7 +214,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       }
     } catch (const std::exception& e) {
       // Mid-wave the other ranks are inside, or about to enter, a gather this rank would skip.
-      MpiWorld::abort(str(world.tag(), " pass ", p, ": ", e.what()));
+      MpiWorld::abort(str(world.tag(), " pass ", p, ": ", describe_exception(e)));
     }
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
     const double exposed = runner->engine().stats().exposed_wait_s - wait0;
@@ -193,7 +255,16 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       {"pss_file_kb", end.pss_file_kb},
       {"per_pass", passes},
   };
-  auto all = world.gather_strings(me.dump());
+  // The output first: a rank stuck in the gather below must not keep it from being written.
+  if (world.rank() == result.writer_rank && o.write_output) {
+    try {
+      o.write_output(result.outputs);
+    } catch (const std::exception& e) {
+      result.output_error = describe_exception(e);
+    }
+  }
+  if (o.test_hook) o.test_hook("report");
+  auto all = world.gather_strings(me.dump(), 0, "closing report gather");
   if (world.rank() == 0) {
     nlohmann::ordered_json report = {{"choice", result.choice}, {"ranks", nlohmann::ordered_json::array()}};
     for (const auto& s : all) report["ranks"].push_back(nlohmann::ordered_json::parse(s));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,17 +29,30 @@ struct TransformerJobOptions {
   std::uint64_t random_seed = 0;
   std::int64_t fail_at_block = -1;       // test hook: this rank's transfer of that block throws
   int fail_rank = -1;                    // ... on this rank only (-1: every rank)
+  // Called on the one rank that writes (the lowest rank with passes > 0; see
+  // TransformerJobResult::writer_rank) with its outputs, after its wave and before the closing
+  // gather of the report, so a rank that is stuck at the end cannot keep the output from being
+  // written. An exception from it lands in TransformerJobResult::output_error (that rank only).
+  std::function<void(const std::map<std::string, at::Tensor>&)> write_output;
+  // Test hook: called on every rank with "loaded" (before the start-up check) and "report"
+  // (before the closing gather), e.g. to stop one rank there.
+  std::function<void(const char* phase)> test_hook;
 };
 
 struct TransformerJobResult {
   std::map<std::string, at::Tensor> outputs;  // this rank's last pass: "output" (+ "output_negative")
+  int writer_rank = 0;                        // the rank that called write_output (same on all ranks)
+  std::string output_error;                   // writer rank: what write_output threw; else empty
   std::string choice;                         // "offload: dlo (reason)" for the log
   std::string report_json;                    // rank 0: every rank's measurements; others: empty
 };
 
-// Collective: every rank calls it. Throws dlo::Error for bad input found before the wave starts
-// (on every rank alike where it concerns shared input). A failure inside the wave ends every
-// rank through MpiWorld::abort (the others would otherwise wait in a gather).
+// Collective: every rank calls it. Throws dlo::Error for bad input found before the wave starts,
+// the same on every rank (MpiWorld::check_all): a missing or mismatched input (batch sizes, a
+// 0-dim timestep), a checkpoint that does not fit its config, a run whose estimated memory
+// exceeds what is available (the message gives the figure), pass counts where no rank computes.
+// A failure inside the wave ends every rank through MpiWorld::abort (the others would otherwise
+// wait in a gather); every collective waits at most world.timeout_s().
 TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<std::string, at::Tensor>& inputs,
                                          const TransformerJobOptions& options);
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
 #include "dlo/text/text_tables.h"
 
 namespace dlo {
@@ -488,14 +489,7 @@ class Charsmap {
   std::string normalized_;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  DLO_CHECK(in, "cannot read '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  DLO_CHECK(!in.bad(), "reading '", path, "' failed");
-  return ss.str();
-}
+// Files are read with dlo::read_file (by stat first: a FIFO named spiece.model is refused).
 
 // A special-token entry of tokenizer_config.json: "text" or {"content": "text", ...}.
 std::string token_content(const nlohmann::json& j, const std::string& where) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
 #include "dlo/text/tokenizer.h"
 
 namespace dlo {
@@ -108,12 +109,8 @@ class LineIterator : public sentencepiece::SentenceIterator {
   std::size_t i_ = 0;
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  DLO_CHECK(out, "cannot write '", path, "'");
-  out << text;
-  DLO_CHECK(out.good(), "writing '", path, "' failed");
-}
+// Whole or absent, every byte checked (dlo/common/file.h).
+void write_text(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
 }  // namespace
 
@@ -124,7 +121,7 @@ const std::string& tiny_tokenizer_corpus() {
 
 void write_tiny_tokenizer(const std::string& dir) {
   with_context(str("writing tokenizer '", dir, "'"), [&] {
-    fs::create_directories(dir);
+    make_folders(dir);
     LineIterator lines(tiny_tokenizer_corpus());
     const std::unordered_map<std::string, std::string> args = {
         {"model_type", "unigram"},
