@@ -6,7 +6,10 @@
 #   2. a job whose ranks get SIGTERM as Slurm delivers --signal=TERM@T (to every task of the step,
 #      not the batch shell) ends on every rank within a bounded time; the script reports the stop
 #      and ends with exit code 143 (a state a rerun/requeue keys on);
-#   3. with DLO_MAX_REQUEUES=1 a job stopped by the signal is requeued once, then fails.
+#   3. with DLO_MAX_REQUEUES=1 a job stopped by the signal is requeued once, then fails;
+#   0. the script's own #SBATCH --signal=TERM@120 under --time=1: Slurm signals every task itself
+#      (a shell that traps SIGTERM; runs alongside 1-3, the signal comes at slurmctld's first
+#      time-limit check, about 30 s in) and the job ends before its limit with exit code 143.
 #
 #   tests/slurm/sbatch_generate.sh BIN_DIR PYTHON3
 # Exit 77 (skip) when the Slurm or munge binaries are absent or when not root.
@@ -104,6 +107,17 @@ sys.exit(0 if seen >= {0, 1} else 1)
 EOF
 }
 
+# ---- case 0 (submitted first, checked last): the #SBATCH --signal directive itself -------------
+cat > "$W/term.sh" <<'EOF'
+#!/bin/bash
+trap 'echo "task $SLURM_PROCID: SIGTERM"; exit 143' TERM
+echo "task $SLURM_PROCID: up"
+while :; do sleep 0.2; done
+EOF
+chmod +x "$W/term.sh"
+T_SIG=$(date +%s%N)
+J_SIG=$(PROGRAM=$W/term.sh submit "$W/signal.log" --time=1 --) || { fail "case 0: sbatch refused the script"; exit 1; }
+
 # ---- case 1: a 2-task job completes -------------------------------------------------------------
 t=$(date +%s%N)
 JOB_LOG=$W/run.log
@@ -156,6 +170,16 @@ done
 say "case 3: job $J $STATE after $RESTARTS restart(s), exit code $(slurm_job_field "$J" ExitCode), in $(secs "$t") s"
 [ "$(grep -c "requeueing (restart 1 of 1)" "$JOB_LOG")" -eq 1 ] || fail "case 3: the log does not show exactly one requeue"
 grep -q "rank 1 restart 1" "$JOB_LOG" || fail "case 3: the requeued run did not start (no 'rank 1 restart 1')"
+
+# ---- case 0: checked now ----------------------------------------------------------------------
+JOB_LOG=$W/signal.log
+STATE=$(slurm_job_wait "$J_SIG" 90)
+EXIT=$(slurm_job_field "$J_SIG" ExitCode)
+say "case 0: job $J_SIG (--time=1, --signal=TERM@120 from the script) $STATE, exit code $EXIT, after $(secs "$T_SIG") s"
+grep -q "task 0: SIGTERM" "$JOB_LOG" && grep -q "task 1: SIGTERM" "$JOB_LOG" \
+  || fail "case 0: not every task reports SIGTERM (a TIMEOUT state means the signal came before the tasks started)"
+all_ranks_ended_by "$JOB_LOG" "Exited with exit code 143" || fail "case 0: srun does not report ranks 0 and 1 exiting 143"
+[ "$STATE" = FAILED ] && [ "$EXIT" = 143:0 ] || fail "case 0: job $J_SIG ended $STATE with exit code $EXIT (want FAILED 143:0, before the time limit)"
 
 slurm_cluster_stop
 say "total $(secs "$T0") s (cluster start ${SLURM_CLUSTER_START_S} s)"
