@@ -46,13 +46,20 @@ _slurm_wait_for() {
 # True while process $1 exists and is not a zombie.
 _slurm_alive() { [ -r "/proc/$1/stat" ] && ! grep -q '^[0-9]* (.*) Z ' "/proc/$1/stat" 2>/dev/null; }
 
-# True when process $1 descends from this shell (our own helpers carry the tag as well).
+# True when process $1 is this shell, descends from it (our own helpers carry the tag as well) or
+# is one of its ancestors (a shell that exported the tag and runs `stop`).
 _slurm_ours() {
   local p=$1 i
   for i in $(seq 1 64); do
     [ "$p" = "$$" ] && return 0
     p=$(awk '/^PPid:/ {print $2}' "/proc/$p/status" 2>/dev/null)
+    [ -n "$p" ] && [ "$p" -gt 1 ] || break
+  done
+  p=$$
+  for i in $(seq 1 64); do
+    p=$(awk '/^PPid:/ {print $2}' "/proc/$p/status" 2>/dev/null)
     [ -n "$p" ] && [ "$p" -gt 1 ] || return 1
+    [ "$p" = "$1" ] && return 0
   done
   return 1
 }
@@ -64,7 +71,8 @@ _slurm_tagged_pids() {
   local f pid
   for f in $(grep -lzx "DLO_SLURM_CLUSTER_TAG=$DLO_SLURM_CLUSTER_TAG" /proc/[0-9]*/environ 2>/dev/null); do
     pid=${f#/proc/}; pid=${pid%/environ}
-    _slurm_ours "$pid" || echo "$pid"
+    # Processes that have exited since (grep itself, our short-lived helpers) are not leftovers.
+    _slurm_ours "$pid" || { _slurm_alive "$pid" && echo "$pid"; }
   done
   return 0
 }
@@ -236,7 +244,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
       trap - EXIT INT TERM HUP
       # The daemons must outlive this shell: detach them from its job control.
       disown -a
-      echo "export SLURM_CONF=$SLURM_CONF DLO_SLURM_CLUSTER_TAG=$DLO_SLURM_CLUSTER_TAG  # stop: $0 stop $SLURM_CLUSTER_DIR" ;;
+      echo "export SLURM_CONF=$SLURM_CONF  # stop: $0 stop $SLURM_CLUSTER_DIR" ;;
     stop)
       SLURM_CLUSTER_DIR=${2:?usage: $0 stop DIR}
       export SLURM_CONF=$SLURM_CLUSTER_DIR/slurm.conf DLO_SLURM_CLUSTER_TAG=${SLURM_CLUSTER_DIR##*/}
