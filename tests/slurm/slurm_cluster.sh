@@ -27,7 +27,11 @@ _slurm_free_port() {
   local p _
   for _ in $(seq 1 50); do
     p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
-    [ -z "$(ss -Hltn "sport = :$p" 2>/dev/null)" ] && { echo "$p"; return 0; }
+    if command -v ss >/dev/null; then
+      [ -z "$(ss -Hltn "sport = :$p" 2>/dev/null)" ] && { echo "$p"; return 0; }
+    else  # no iproute2: a port nothing accepts connections on
+      (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
+    fi
   done
   echo "slurm_cluster: no free TCP port found" >&2; return 1
 }
