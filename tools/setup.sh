@@ -30,6 +30,9 @@ APT_PACKAGES=(
   openmpi-bin libopenmpi-dev libhdf5-dev libhdf5-openmpi-dev
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg
   libyaml-cpp-dev libcxxopts-dev doctest-dev nlohmann-json3-dev libsentencepiece-dev
+  # Slurm for configs/slurm and its test (which starts its own daemons; srun --mpi=pmix launches
+  # Open MPI through libpmix2, already a dependency of libopenmpi3).
+  slurmctld slurmd slurm-client munge
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -39,7 +42,17 @@ if ((${#missing[@]})); then
   say "installing ${#missing[@]} Debian packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -q
+  # Packages with services (munge, slurmd, slurmctld) must not start them: the Slurm test runs
+  # its own daemons with its own key and config. Without systemd, invoke-rc.d asks policy-rc.d;
+  # where none exists, one that denies (exit 101) is in place for the install only.
+  POLICY=/usr/sbin/policy-rc.d
+  if [ ! -e "$POLICY" ]; then
+    printf '#!/bin/sh\n# tools/setup.sh: no service starts during its apt-get install\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
+    $SUDO chmod 755 "$POLICY"
+    trap '$SUDO rm -f "$POLICY"' EXIT
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [ -n "$(trap -p EXIT)" ]; then $SUDO rm -f "$POLICY"; trap - EXIT; fi
 else
   say "Debian packages present"
 fi
