@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <random>
 #include <string>
@@ -21,6 +22,8 @@
 
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
+#include "dlo/common/settings.h"
+#include "dlo/dist/tool.h"
 #include "dlo/dist/mpi_world.h"
 #include "dlo/media/video_writer.h"
 #include "dlo/models/weights.h"
@@ -64,7 +67,7 @@ std::string seconds(double s) {
   return b;
 }
 
-int run(const dlo::MpiWorld& world, int argc, char** argv) {
+int run(dlo::MpiWorld& world, int argc, char** argv) {
   cxxopts::Options opts("dlo-generate", "Text to video with a Wan2.1 text-to-video model (diffusers layout)");
   opts.add_options()("model", "model folder (diffusers layout: transformer/, vae/, text_encoder/, tokenizer/, scheduler/)",
                      cxxopts::value<std::string>())(
@@ -114,15 +117,14 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
   dlo::ModelInfo model;
   dlo::JobSpec job;
   dlo::GenerateOptions go;
+  std::string thread_note;
   try {
     DLO_CHECK(args.count("model"), "missing --model DIR");
     DLO_CHECK(args.count("prompt"), "missing --prompt TEXT (an empty prompt is allowed: --prompt \"\")");
-    const int threads = args["threads"].as<int>();
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    DLO_CHECK(threads >= 0 && threads <= 4 * cores, "--threads ", threads, ": must be 0 (auto) .. ", 4 * cores,
-              " (4 x the ", cores, " cores here)");
-    at::set_num_threads(threads > 0 ? threads : std::max(1, cores / std::max(1, world.local_size())));
-    go.model_dir = args["model"].as<std::string>();
+    world.set_timeout_s(dlo::parse_seconds_setting(std::getenv("DLO_GATHER_TIMEOUT_S"), "DLO_GATHER_TIMEOUT_S", 600));
+    const int threads = dlo::bound_threads(args["threads"].as<int>(), "--threads", &thread_note);
+    at::set_num_threads(threads > 0 ? threads : std::max(1, dlo::available_cores() / std::max(1, world.local_size())));
+    const std::string model_dir = args["model"].as<std::string>();
     go.dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
     go.vae_dtype = dlo::parse_compute_dtype(args["vae-dtype"].as<std::string>(), "--vae-dtype");
     go.offload = args["offload"].as<std::string>();
@@ -153,7 +155,7 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
       const auto format = dlo::with_context("--format", [&] { return dlo::parse_video_format(job.format); });
       job.output = std::string("video") + dlo::video_format_extension(format);
     }
-    model = dlo::read_model_info(go.model_dir);
+    model = dlo::read_model_info(model_dir);
     const auto problems = dlo::validate_job(job, model);
     if (!problems.empty()) {
       std::string msg;
@@ -171,6 +173,7 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
   // The seed: given, or drawn on rank 0 (the renderer) and recorded in the video's metadata.
   job.seed = args.count("seed") ? args["seed"].as<std::uint64_t>()
                                 : static_cast<std::uint64_t>(std::random_device{}()) & 0xffffffffu;
+  if (talk && !thread_note.empty()) std::cerr << "dlo-generate: note: " << thread_note << "\n";
   if (talk) {
     std::cerr << world.tag() << " model " << model.dir << "; " << dlo::job_parameters_text(job, model) << "\n";
     std::cerr << world.tag() << " " << at::get_num_threads() << " thread(s) per rank; rank 0 renders, "
@@ -195,20 +198,18 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
     return std::make_unique<VideoSink>(j.output, w, h, video_options(j, model));
   };
 
-  std::vector<dlo::JobSpec> mine;
-  if (world.rank() == 0) mine.push_back(job);
-  const dlo::GenerateReport report = dlo::generate(world, model, mine, go, cb);
+  const dlo::GenerateReport report = dlo::generate(world, model, {job}, go, cb);
   if (world.rank() != 0) return 0;
   if (talk) std::cerr << world.tag() << " " << report.choice << "\n";
   const dlo::JobResult& r = report.jobs.at(0);
   if (args.count("report")) dlo::write_file_atomic(args["report"].as<std::string>(), dlo::report_json(report) + "\n");
   if (r.status != "ok") {
     std::cerr << "dlo-generate: error: " << r.error << "\n";
-    return 1;
+    return dlo::kExitFailed;
   }
   if (talk) {
     std::cerr << world.tag() << " phases: text " << seconds(r.text_s) << ", denoise " << seconds(r.denoise_s)
-              << ", decode + write " << seconds(r.decode_s) << "; peak RSS " << r.rss_peak_kb / 1024 << " MiB\n";
+              << ", decode + write " << seconds(r.decode_s) << " (writing " << seconds(r.encode_s) << "); peak RSS " << r.rss_peak_kb / 1024 << " MiB\n";
     std::cerr << world.tag() << " frames sha256 " << r.frames_sha256 << "\n";
   }
   std::cout << r.output << "\n";
@@ -219,17 +220,12 @@ int run(const dlo::MpiWorld& world, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   dlo::MpiWorld world(&argc, &argv);
-  try {
-    return run(world, argc, argv);
-  } catch (const dlo::Error& e) {
-    // Errors reaching here were found before any weight was read, and every rank holds the same
-    // message: rank 0 says it.
-    if (world.rank() == 0) std::cerr << "dlo-generate: error: " << e.what() << "\n";
-    return 2;
-  } catch (const cxxopts::exceptions::exception& e) {
-    if (world.rank() == 0) std::cerr << "dlo-generate: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    dlo::MpiWorld::abort(std::string("dlo-generate: unexpected error: ") + e.what(), 1);
-  }
+  // Exit codes, messages and fault handlers shared by every tool (dlo/dist/tool.h).
+  return dlo::run_tool("dlo-generate", &world, [&] {
+    try {
+      return run(world, argc, argv);
+    } catch (const cxxopts::exceptions::exception& e) {
+      throw dlo::Error(e.what());  // a bad flag: the same on every rank
+    }
+  });
 }

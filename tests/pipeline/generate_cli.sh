@@ -40,7 +40,6 @@ check "--offload: 'fast' is not auto, resident, layerwise or dlo" --offload fast
 check "--dtype" --dtype fp64
 check "--scheduler" --scheduler ddim
 check "--flow-shift: must be a positive number" --flow-shift -2
-check "--threads 100000: must be 0 (auto)" --threads 100000
 check "model folder '$T/nope': not a folder" --model "$T/nope"
 check "lacks vae/, text_encoder/, tokenizer/" --model "$T/partial"
 check "--out: the folder '$T/missing' of '$T/missing/v.mp4' does not exist" --out "$T/missing/v.mp4"

@@ -112,9 +112,14 @@ int MpiWorld::next_tag() const {
 }
 
 std::vector<std::int64_t> MpiWorld::allgather(std::int64_t value, const char* phase) const {
-  std::vector<std::int64_t> out(static_cast<std::size_t>(size_));
-  out[static_cast<std::size_t>(rank_)] = value;
-  if (size_ == 1) return out;
+  return allgather(std::vector<std::int64_t>{value}, phase);
+}
+
+std::vector<std::int64_t> MpiWorld::allgather(const std::vector<std::int64_t>& values, const char* phase) const {
+  const std::size_t k = values.size();
+  std::vector<std::int64_t> out(static_cast<std::size_t>(size_) * k);
+  std::copy(values.begin(), values.end(), out.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank_) * k));
+  if (size_ == 1 || k == 0) return out;
   MPI_Comm comm = MPI_Comm_f2c(comm_f_);
   const int tag = next_tag();
   std::vector<MPI_Request> reqs;
@@ -122,10 +127,10 @@ std::vector<std::int64_t> MpiWorld::allgather(std::int64_t value, const char* ph
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     reqs.emplace_back();
-    MPI_Irecv(&out[static_cast<std::size_t>(r)], 1, MPI_INT64_T, r, tag, comm, &reqs.back());
+    MPI_Irecv(&out[static_cast<std::size_t>(r) * k], static_cast<int>(k), MPI_INT64_T, r, tag, comm, &reqs.back());
     peers.push_back(r);
     reqs.emplace_back();
-    MPI_Isend(&value, 1, MPI_INT64_T, r, tag, comm, &reqs.back());
+    MPI_Isend(values.data(), static_cast<int>(k), MPI_INT64_T, r, tag, comm, &reqs.back());
     peers.push_back(r);
   }
   wait_all(reqs, peers, phase, timeout_s_);

@@ -52,6 +52,8 @@ class MpiWorld {
   // names the step in the timeout message ("start-up check", "wave agreement", ...). A rank that
   // does not arrive within timeout_s() ends every rank (abort()), naming the phase and the ranks.
   std::vector<std::int64_t> allgather(std::int64_t value, const char* phase = "allgather") const;
+  // Every rank's `values` (the same count on every rank), rank after rank: size() * values.size().
+  std::vector<std::int64_t> allgather(const std::vector<std::int64_t>& values, const char* phase = "allgather") const;
   // Root gets every rank's string in rank order; the others get {}. Non-roots wait for the root
   // too (up to twice the timeout, at most 30 s more, so that a live root names the missing rank
   // first), so a stuck root is noticed by every rank.

@@ -1,0 +1,146 @@
+#include "dlo/pipeline/results.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "dlo/common/error.h"
+#include "dlo/common/file.h"
+#include "dlo/common/sha256.h"
+
+namespace dlo {
+
+using json = nlohmann::ordered_json;
+
+std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const std::string& dtypes) {
+  const NoiseSchedulerConfig s = job_scheduler_config(job, model);
+  const json j = {{"prompt", job.prompt},
+                  {"negative_prompt", job.guided() ? job.negative_prompt : ""},
+                  {"seed", job.seed},
+                  {"steps", job.steps},
+                  {"guidance", job.guidance},
+                  {"height", job.height},
+                  {"width", job.width},
+                  {"frames", job.frames},
+                  {"scheduler", s.to_json()},
+                  {"dtypes", dtypes},
+                  {"format", job.format},
+                  {"fps", job.fps},
+                  {"crf", job.crf},
+                  {"preset", job.preset},
+                  {"output", job.output},
+                  {"model", model.dir}};
+  const std::string text = j.dump();
+  return sha256_hex(text.data(), text.size()).substr(0, 16);
+}
+
+std::string result_line(const JobResult& r) {
+  json j = {{"id", r.id},
+            {"index", r.index},
+            {"status", r.status},
+            {"error", r.error},
+            {"rank", r.rank},
+            {"output", r.output},
+            {"fingerprint", r.fingerprint},
+            {"frames_sha256", r.frames_sha256},
+            {"frames", r.frames},
+            {"height", r.height},
+            {"width", r.width},
+            {"timings", {{"text_s", r.text_s},
+                         {"denoise_s", r.denoise_s},
+                         {"decode_s", r.decode_s},
+                         {"encode_s", r.encode_s},
+                         {"step_s", r.step_s}}},
+            {"memory", {{"rss_peak_kb", r.rss_peak_kb}, {"device_peak_bytes", r.device_peak_bytes}}},
+            {"parameters", r.parameters_json.empty() ? json::object() : json::parse(r.parameters_json)}};
+  return j.dump();
+}
+
+JobResult result_from_line(const std::string& line) {
+  try {
+    const json j = json::parse(line);
+    JobResult r;
+    r.id = j.at("id");
+    r.index = j.at("index");
+    r.status = j.at("status");
+    r.error = j.at("error");
+    r.rank = j.at("rank");
+    r.output = j.at("output");
+    r.fingerprint = j.at("fingerprint");
+    r.frames_sha256 = j.at("frames_sha256");
+    r.frames = j.at("frames");
+    r.height = j.at("height");
+    r.width = j.at("width");
+    const auto& t = j.at("timings");
+    r.text_s = t.at("text_s");
+    r.denoise_s = t.at("denoise_s");
+    r.decode_s = t.at("decode_s");
+    r.encode_s = t.at("encode_s");
+    r.step_s = t.at("step_s").get<std::vector<double>>();
+    r.rss_peak_kb = j.at("memory").at("rss_peak_kb");
+    r.device_peak_bytes = j.at("memory").at("device_peak_bytes");
+    r.parameters_json = j.at("parameters").dump();
+    return r;
+  } catch (const json::exception& e) {
+    throw Error(str("not a job result line: ", e.what()));
+  }
+}
+
+std::map<std::string, PastResult> read_results(const std::string& path) {
+  std::map<std::string, PastResult> out;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) return out;
+  const std::string text = read_file(path);
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const std::size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) break;  // a cut last line: the job is not recorded
+    const std::string line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    try {
+      const json j = json::parse(line);
+      out[j.at("id").get<std::string>()] = {j.at("status"), j.at("fingerprint"), j.at("output")};
+    } catch (const json::exception&) {
+      // Not a record (hand-edited, foreign): skipped; the job is redone.
+    }
+  }
+  return out;
+}
+
+ResultsLog::ResultsLog(const std::string& path) : path_(resolve_output_path(path)) {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  DLO_CHECK(fd_ >= 0, "cannot open '", path_, "' for appending: ", std::strerror(errno));
+  // A line cut by a crash ends here, so that it cannot swallow the next record.
+  struct stat st;
+  char last = '\n';
+  if (::fstat(fd_, &st) == 0 && st.st_size > 0 && ::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n')
+    DLO_CHECK(::write(fd_, "\n", 1) == 1, "appending to '", path_, "': ", std::strerror(errno));
+}
+
+ResultsLog::~ResultsLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ResultsLog::append(const std::string& line) {
+  const std::string text = line + "\n";
+  // One write: with O_APPEND the line lands whole after what is there; a short write (disk full)
+  // is an error and is cut back, so no partial line stays before the next one.
+  struct stat st;
+  DLO_CHECK(::fstat(fd_, &st) == 0, "'", path_, "': ", std::strerror(errno));
+  const ssize_t n = ::write(fd_, text.data(), text.size());
+  if (n != static_cast<ssize_t>(text.size())) {
+    const int e = errno;
+    if (::ftruncate(fd_, st.st_size) != 0) {
+      // Nothing more to do: the reader skips a cut last line.
+    }
+    DLO_CHECK(false, "appending to '", path_, "': ", n < 0 ? std::strerror(e) : "short write (disk full?)");
+  }
+  DLO_CHECK(::fdatasync(fd_) == 0 || errno == EINVAL, "syncing '", path_, "': ", std::strerror(errno));
+}
+
+}  // namespace dlo

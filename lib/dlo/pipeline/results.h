@@ -1,0 +1,70 @@
+// A batch's record of what it did: results.jsonl, one JSON line per finished or failed job,
+// appended (and synced) as results arrive, and read back to resume a batch.
+//
+// A line is whole or absent: each is written with one append and synced, and a reader ignores a
+// last line without its newline (a crash mid-write). The last line of a job id wins.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dlo/pipeline/job.h"
+
+namespace dlo {
+
+// What happened to one job: its results.jsonl line.
+struct JobResult {
+  std::string id;
+  std::int64_t index = -1;    // in the batch
+  std::string status = "ok";  // ok | failed
+  std::string error;
+  int rank = 0;
+  std::string output;
+  std::string fingerprint;    // job_fingerprint()
+  std::string frames_sha256;  // of the uint8 frames, in order
+  std::int64_t frames = 0, height = 0, width = 0;
+  double text_s = 0, denoise_s = 0, decode_s = 0, encode_s = 0;  // encode: the writer's share of decode
+  std::vector<double> step_s;
+  std::int64_t rss_peak_kb = -1, device_peak_bytes = -1;
+  std::string parameters_json;  // job_parameters_json()
+};
+
+// The fingerprint of everything that decides a job's output bytes (prompt, negative prompt when
+// guided, seed, steps, guidance, size, frames, the resolved scheduler and flow shift, dtypes,
+// format, fps, crf, preset, output path, model folder): 16 hex digits of a sha256. A job whose
+// fingerprint changed renders a different video.
+std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const std::string& dtypes);
+
+// One line of results.jsonl for `result` (no newline), and back. result_from_line throws
+// dlo::Error for a line that is not such a record.
+std::string result_line(const JobResult& result);
+JobResult result_from_line(const std::string& line);
+
+// What an earlier run recorded for each job id: the last line's status, fingerprint and output.
+struct PastResult {
+  std::string status, fingerprint, output;
+};
+// Reads `path` (absent: empty). Lines that do not parse (a cut last line) are skipped. Throws
+// dlo::Error naming the file for an unreadable one.
+std::map<std::string, PastResult> read_results(const std::string& path);
+
+// results.jsonl opened for appending. Not thread-safe; one writer (rank 0).
+class ResultsLog {
+ public:
+  // Opens (creates) `path` for appending. Throws dlo::Error naming the file.
+  explicit ResultsLog(const std::string& path);
+  ~ResultsLog();
+  ResultsLog(const ResultsLog&) = delete;
+  ResultsLog& operator=(const ResultsLog&) = delete;
+  // Appends `line` + '\n' with one write and syncs it. Throws dlo::Error (disk full, ...).
+  void append(const std::string& line);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace dlo
