@@ -30,6 +30,7 @@ APT_PACKAGES=(
   openmpi-bin libopenmpi-dev libhdf5-dev libhdf5-openmpi-dev
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg
   libyaml-cpp-dev libcxxopts-dev doctest-dev nlohmann-json3-dev libsentencepiece-dev
+  python3-h5py
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

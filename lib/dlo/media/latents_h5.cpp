@@ -6,8 +6,10 @@
 //     the last H5Dclose/H5Aclose of an object are collective, with the same arguments on every
 //     rank: all of them happen in the constructor and the destructor, driven by one plan that rank
 //     0 makes and broadcasts, so every rank does the same metadata operations in the same order.
-//   * H5Dopen, H5Aopen, H5Aread and H5Dread of an object nobody modifies may be independent: rank 0
-//     alone inspects an existing file (and closes what it opened while the file stays open).
+//   * H5Dopen, H5Aopen, H5Aread and H5Dread of an object nobody modifies may be independent, but
+//     what they read stays in the rank's metadata cache and (for variable-length strings) in its
+//     list of global heap collections, and a later collective operation needs those to be the same
+//     on every rank: so every rank inspects an existing file with the same reads in the same order.
 //   * H5Dwrite in independent mode (the default transfer) is allowed on any rank at any time once
 //     the dataset's storage exists; storage is allocated at creation (H5D_ALLOC_TIME_EARLY,
 //     contiguous, no filters), so a write changes raw bytes only, never metadata. Modification
@@ -143,11 +145,20 @@ Id string_type() {
   return t;
 }
 
+// Link or attribute creation properties that mark names as UTF-8 (h5py decodes them either way;
+// other readers look at the flag).
+Id utf8_names(hid_t cls) {
+  Id p = checked(H5Pcreate(cls), H5Pclose, "H5Pcreate");
+  check_h5(H5Pset_char_encoding(p.get(), H5T_CSET_UTF8), "H5Pset_char_encoding");
+  return p;
+}
+
 // A scalar variable-length UTF-8 string attribute (h5py reads it as str). Collective.
 void write_string_attribute(hid_t obj, const std::string& name, const std::string& value) {
   Id type = string_type();
   Id space = checked(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
-  Id attr = checked(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+  Id acpl = utf8_names(H5P_ATTRIBUTE_CREATE);
+  Id attr = checked(H5Acreate2(obj, name.c_str(), type.get(), space.get(), acpl.get(), H5P_DEFAULT), H5Aclose,
                     "creating attribute '" + name + "'");
   const char* p = value.c_str();
   check_h5(H5Awrite(attr.get(), type.get(), &p), "writing attribute '" + name + "'");
@@ -317,7 +328,7 @@ bool reusable(hid_t ds, const LatentsEntry& e) {
   return read_string_attribute(ds, kFingerprint, &fp) && fp == e.fingerprint;
 }
 
-// Rank 0's reading of an existing file: what every rank then does.
+// The reading of an existing file (the same reads on every rank): what every rank then does.
 //   {"had_flags": bool, "entries": [{"do": "keep"|"attrs"|"create"|"replace", "old": [names], "flag": 0|1}],
 //    "extras": [{"name": ..., "flag": 0|1}]}
 nlohmann::json make_plan(hid_t file, const std::vector<LatentsEntry>& entries, bool existing) {
@@ -465,11 +476,19 @@ LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vect
     }
     agree(comm_, err.empty() ? "" : ctx + ": " + err);
 
-    // Rank 0 reads the existing file and makes the plan; every rank follows it.
+    // Every rank reads the existing file the same way and makes the plan. Not rank 0 alone: the
+    // reads fill each rank's metadata cache and HDF5's list of global heap collections with free
+    // space, and the collective operations below hang or diverge unless those are the same on
+    // every rank (seen: H5Awrite of a string stalled in a broadcast of a heap collection that
+    // only rank 0 had read). The plans are compared; rank 0's is followed.
     std::string plan_text;
-    if (rank_ == 0) err = error_of([&] { plan_text = make_plan(file_, entries_, existing).dump(); });
+    err = error_of([&] { plan_text = make_plan(file_, entries_, existing).dump(); });
     agree(comm_, err.empty() ? "" : ctx + ": " + err);
-    const nlohmann::json plan = nlohmann::json::parse(broadcast_string(comm_, plan_text, 0));
+    const std::string root_plan = broadcast_string(comm_, plan_text, 0);
+    agree(comm_, root_plan == plan_text ? ""
+                                        : str(ctx, ": rank ", rank_, " reads the file differently from rank 0 (a file "
+                                                   "system without coherent MPI-IO, such as NFS with caching?)"));
+    const nlohmann::json plan = nlohmann::json::parse(root_plan);
 
     // Every rank: the same metadata operations in the same order. An error stops this rank's
     // sequence; the others find out at agree() below (HDF5 itself reports per rank).
@@ -491,6 +510,7 @@ LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vect
         check_h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush");
       }
       Id dcpl = dataset_creation(false);
+      Id lcpl = utf8_names(H5P_LINK_CREATE);
       for (std::size_t i = 0; i < entries_.size(); ++i) {
         const LatentsEntry& e = entries_[i];
         const nlohmann::json& step = plan["entries"][i];
@@ -508,7 +528,7 @@ LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vect
           std::vector<hsize_t> dims(e.shape.begin(), e.shape.end());
           Id space = checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
                              "H5Screate_simple");
-          ds = checked(H5Dcreate2(f, e.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+          ds = checked(H5Dcreate2(f, e.name.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
                        H5Dclose, "creating " + dname);
           write_string_attribute(ds.get(), kFingerprint, e.fingerprint);
         }

@@ -76,9 +76,10 @@ class LatentsFile {
   // attribute "dlo_latents_version"); then an entry's dataset is kept with its data and flag if its
   // shape, type (float32) and "fingerprint" match, its other attributes being rewritten where they
   // differ; a dataset that differs is deleted and created anew (flag 0); missing ones are created
-  // (flag 0); datasets of the file that are not among the entries are left as they are. Decisions
-  // are taken on rank 0 from what it reads and shared, so every rank does the same metadata
-  // operations. Storage is allocated at creation (no fill value written). Ends with a collective
+  // (flag 0); datasets of the file that are not among the entries are left as they are. Every rank
+  // reads the file the same way and decides; the decisions are compared (a rank that reads the
+  // file differently, as on an incoherent file system, is an error on every rank), so every rank
+  // does the same metadata operations. Storage is allocated at creation (no fill value written). Ends with a collective
   // flush. Throws dlo::Error naming the file (the same error on every rank, except for failures
   // inside an HDF5 collective call, which HDF5 reports per rank); the file is then closed.
   LatentsFile(MPI_Comm comm, const std::string& path, const std::vector<LatentsEntry>& entries);
