@@ -27,22 +27,28 @@
 // the data; flush() (MPI_File_sync) at the lead's checkpoints bounds that. A resumed run re-renders
 // every entry whose flag is 0. A new file is built under a temporary name in the same folder and
 // renamed into place at the end of the constructor, so a batch killed while creating the file
-// leaves no file under the final name. A batch killed inside the constructor of a resumed file
+// leaves no file under the final name (only a stray ".NAME.tmp-HOST-PID-N" beside it). A batch killed inside the constructor of a resumed file
 // (deleting or creating datasets in place; HDF5 1.10 has no journal) can leave the file
 // unreadable: the constructor then throws naming the file, and deleting it starts afresh.
 //
-// File systems: MPI-IO needs a file system that every rank sees with POSIX consistency (a local
-// disk for one node; Lustre, GPFS, BeeGFS across nodes). On NFS, ROMIO needs fcntl locks (lockd)
-// and a mount with attribute caching off ("noac"); where locking is missing, opening or writing
-// fails with ROMIO's "File locking failed" error, and where client caching is left on, writes of
-// different ranks (the flag bytes of /_complete share one block) may not be seen by the others or
-// by a reader on another node until their caches are flushed. Not tested here (local disk only).
+// File systems: MPI-IO needs a file system that every rank sees coherently: a local disk for one
+// node; Lustre, GPFS or BeeGFS across nodes. NFS (a note; not tested here): Open MPI 4.1's MPI-IO
+// (OMPIO, fs/ufs) detects NFS and then takes an fcntl lock on the whole file around every access
+// (MCA fs_ufs_lock_algorithm), so ranks' writes serialise but stay correct where NFS locking
+// works (lockd; NFSv3 with "noac", or NFSv4). Where it does not (a "nolock" mount, no lockd) the
+// lock fails, so write() throws and the job's latents are not kept (its flag stays 0), or MPI-IO
+// aborts (ROMIO's "File locking failed in ADIOI_Set_lock"). Without locks and with client-side
+// caching, a rank on another node may read stale metadata when the file is opened: the ranks'
+// plans then differ and the constructor fails on every rank rather than diverge. HDF5's own file
+// locking is not used by the MPI-IO driver, so nothing stops two batches from opening one file at
+// once: give each batch its own file.
 //
 // Space: HDF5 1.10 does not give back the space of a deleted dataset in a later session, so a
 // resumed batch that replaces datasets grows the file by their size (h5repack compacts it).
 //
 // Thread-safety: none. Debian's parallel HDF5 is not built thread-safe; every HDF5 call in the
-// process (this class included) must come from one thread at a time.
+// process (this class included) must come from one thread at a time. Destroy a LatentsFile before
+// MPI_Finalize (HDF5 closes what is still open when MPI finalises, not collectively).
 #pragma once
 
 #include <mpi.h>
