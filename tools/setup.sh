@@ -33,6 +33,8 @@ APT_PACKAGES=(
   # Slurm for configs/slurm and its test (which starts its own daemons; srun --mpi=pmix launches
   # Open MPI through libpmix2, already a dependency of libopenmpi3).
   slurmctld slurmd slurm-client munge
+  # h5py of Debian's python3 reads the latents files in the tests (the venv stays as pinned).
+  python3-h5py
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
