@@ -203,6 +203,7 @@ int make(int argc, char** argv) {
   if (has("transformer") && has("vae")) {
     if (!args.count("in-channels")) c.in_channels = o.vae.z_dim;
     if (!args.count("out-channels")) c.out_channels = o.vae.z_dim;
+    o.channels_follow_vae = false;  // decided here: given flags must agree
     DLO_CHECK(c.in_channels == o.vae.z_dim && c.out_channels == o.vae.z_dim, "--in-channels/--out-channels (",
               c.in_channels, "/", c.out_channels, ") must equal the VAE's z_dim (", o.vae.z_dim,
               ") when both are written: WanPipeline runs the transformer on the VAE's latents (leave them out "

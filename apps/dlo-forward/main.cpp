@@ -61,7 +61,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       "pipeline's prompt_embeds) or tokenizer",
       cxxopts::value<std::string>())(
       "inputs", "input tensors (.safetensors)", cxxopts::value<std::string>())(
-      "out", "output file (.safetensors), written by rank 0", cxxopts::value<std::string>())(
+      "out", "output file (.safetensors), written by the lowest rank that computes", cxxopts::value<std::string>())(
       "dtype", "compute dtype: fp32, bf16, fp16", cxxopts::value<std::string>()->default_value("fp32"))(
       "threads", "CPU threads per rank (0: libtorch default)", cxxopts::value<int>()->default_value("0"))(
       "prompt", "text_encoder, tokenizer: clean and tokenize this prompt (to 512 tokens)", cxxopts::value<std::string>())(

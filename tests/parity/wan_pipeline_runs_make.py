@@ -29,7 +29,7 @@ def main():
         model = os.path.join(tmp, "model")
         subprocess.run([args.dlo_checkpoint, "make", model, "--preset", "wan-test", "--dtype", "fp32"], check=True,
                        stdout=subprocess.DEVNULL)
-        pipe = WanPipeline.from_pretrained(model, torch_dtype=torch.float32)
+        pipe = WanPipeline.from_pretrained(model, dtype=torch.float32)
         z = pipe.vae.config.z_dim
         assert pipe.transformer.config.in_channels == z, (pipe.transformer.config.in_channels, z)
         common = dict(prompt="a red fox in the snow", negative_prompt="blurry", height=16, width=16, num_frames=5,

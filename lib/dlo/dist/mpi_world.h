@@ -1,7 +1,7 @@
 // The process's place among the ranks: MPI set-up, rank facts and small collectives.
 //
-// Works with or without mpirun/srun (a singleton run is one rank). Only this file and the
-// collectives include <mpi.h>.
+// Works with or without mpirun/srun (a singleton run is one rank). Only dist/*.cpp include
+// <mpi.h>.
 //
 // Every collective here waits a bounded time: it polls non-blocking point-to-point messages on a
 // communicator of its own, and a rank that has not arrived within timeout_s() (a rank stuck while

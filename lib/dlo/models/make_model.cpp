@@ -126,7 +126,7 @@ void check_make_model(const std::string& dir, const MakeModelOptions& o) {
   if (has("vae")) o.vae.validate("vae config");
   if (has("text_encoder")) o.text_encoder.validate("text encoder config");
   // WanPipeline feeds the VAE's latents to the transformer and its output back to the VAE.
-  if (has("transformer") && has("vae"))
+  if (has("transformer") && has("vae") && !o.channels_follow_vae)
     DLO_CHECK(o.transformer.in_channels == o.vae.z_dim && o.transformer.out_channels == o.vae.z_dim,
               "the transformer's in_channels/out_channels (", o.transformer.in_channels, "/",
               o.transformer.out_channels, ") must equal the VAE's z_dim (", o.vae.z_dim,
@@ -142,7 +142,11 @@ void check_make_model(const std::string& dir, const MakeModelOptions& o) {
             " (the largest tensor, drawn in fp32 and converted), but only ", human_bytes(avail), " is available");
 }
 
-MakeModelResult make_model(const std::string& dir, const MakeModelOptions& o) {
+MakeModelResult make_model(const std::string& dir, const MakeModelOptions& options) {
+  MakeModelOptions o = options;
+  auto has_comp = [&](const char* c) { return std::find(o.components.begin(), o.components.end(), c) != o.components.end(); };
+  if (has_comp("transformer") && has_comp("vae") && o.channels_follow_vae)
+    o.transformer.in_channels = o.transformer.out_channels = o.vae.z_dim;
   // Everything that can be refused is refused before the first byte is written.
   check_make_model(dir, o);
   MakeModelResult result;

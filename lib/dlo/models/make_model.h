@@ -17,6 +17,10 @@ struct MakeModelOptions {
   std::uint64_t seed = 0;
   std::uint64_t shard_bytes = kDiffusersShardBytes;  // per component; 0: one file
   WanTransformerConfig transformer = WanTransformerConfig::preset("wan-test");
+  // When the transformer and the VAE are both written, the parts must fit (WanPipeline runs the
+  // transformer on the VAE's latents): true writes the transformer with in/out_channels = vae.z_dim;
+  // false requires transformer.in/out_channels to equal it already (else dlo::Error).
+  bool channels_follow_vae = true;
   // The VAE: small, but with the real Wan2.1 structure (dim_mult [1,2,4,4], 2 res blocks, temporal
   // upsampling). Written in fp32 unless vae_dtype says otherwise, as the real repos ship it.
   WanVaeConfig vae = WanVaeConfig::preset("wan2.1-vae-small");

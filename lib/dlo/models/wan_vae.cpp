@@ -456,8 +456,15 @@ WanVae WanVae::load(const std::string& dir, at::ScalarType compute) {
     // The whole AutoencoderKLWan (encoder too) with its shapes, nothing else: see
     // check_checkpoint_tensors.
     {
+      // The decoder's tensors first: a mismatch is reported on the part that runs.
       TensorShapes expected;
-      for (auto& [n, s] : vae_shapes(c, /*include_encoder=*/true)) expected.emplace_back(n, s);
+      std::set<std::string> decoder;
+      for (auto& [n, s] : vae_shapes(c, /*include_encoder=*/false)) {
+        expected.emplace_back(n, s);
+        decoder.insert(n);
+      }
+      for (auto& [n, s] : vae_shapes(c, /*include_encoder=*/true))
+        if (!decoder.count(n)) expected.emplace_back(n, s);
       check_checkpoint_tensors(m.store_, expected);
     }
     std::map<std::string, Shape> shapes;
