@@ -13,7 +13,8 @@ such rather than as a wrong model.
 
 Every golden file: the inputs, "output" (and, for UMT5, "last_hidden_state"), and metadata
 {"component", "config" (config.json text), "seed", "weights_dtype", "compute_dtype",
-"weights_sum", "made_by"}. Fixed seeds, 1 thread: rerunning gives the same bytes.
+"weights_sum", "made_by"}. Fixed seeds, 1 thread: rerunning gives the same tensors and metadata
+(the header's key order may differ: the safetensors writer does not sort metadata keys).
 
 Regenerate (after a deliberate change to the random writers or to the reference versions):
   tools/setup.sh && .venv/bin/python tools/reference/make_goldens.py --bin build/bin --out tests/data/goldens
