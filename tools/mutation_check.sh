@@ -61,7 +61,7 @@ git -C "$ROOT" archive HEAD | tar -x -C "$SRC"
 (cd "$SRC" && tools/setup.sh >"$LOGS/setup.log" 2>&1) || { tail -30 "$LOGS/setup.log"; exit 1; }
 
 run_tests() {  # $1: log file; returns ctest's status
-  ctest --test-dir "$SRC/build" -L "$LABELS" -j2 --timeout 240 >"$1" 2>&1
+  ctest --test-dir "$SRC/build" -L "$LABELS" -j2 --timeout 240 >"$1" 2>&1 </dev/null  # mpirun reads stdin
 }
 echo "baseline (no mutant): building and running..."
 if ! run_tests "$LOGS/baseline.log"; then
@@ -86,13 +86,13 @@ echo
 echo "| # | where | mutant | result | first failing tests |"
 echo "|---|---|---|---|---|"
 missed=0
-while IFS='|' read -r id file what old new; do
+while IFS='|' read -r -u 3 id file what old new; do
   [ -n "$id" ] || continue
   if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$id,"* ]]; then continue; fi
   cp "$SRC/$file" "$WORK/orig"
   apply "$SRC/$file" "$old" "$new" || exit 1
   log="$LOGS/mutant_$id.log"
-  if ! cmake --build "$SRC/build" >"$log" 2>&1; then
+  if ! cmake --build "$SRC/build" >"$log" 2>&1 </dev/null; then
     result="build fails (not a test result)"
     failing=""
   elif run_tests "$log.ctest"; then
@@ -106,7 +106,7 @@ while IFS='|' read -r id file what old new; do
   fi
   cp "$WORK/orig" "$SRC/$file"  # revert
   echo "| $id | \`$file\` | $what | $result | $failing |"
-done <<<"$MUTANTS"
+done 3<<<"$MUTANTS"
 # Leave the copy's build matching its sources again (a --keep rerun starts clean).
 cmake --build "$SRC/build" >/dev/null 2>&1 || true
 echo
