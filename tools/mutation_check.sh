@@ -38,9 +38,10 @@ MUTANTS=$(cat <<'EOF'
 7|lib/dlo/models/wan_transformer.cpp|block: feed-forward shift and scale swapped|"&c_shift = mod[3], &c_scale = mod[4]"|"&c_shift = mod[4], &c_scale = mod[3]"
 8|lib/dlo/models/umt5.cpp|UMT5 relative position bucket: distance 0 counted as positive|"(relative_position > 0).to(at::kLong) * num_buckets;"|"(relative_position >= 0).to(at::kLong) * num_buckets;"
 9|lib/dlo/models/wan_vae.cpp|VAE causal cache: a 1-frame chunk keeps the cache's first frame, not its last|"if (cache_x.size(2) < 2 && cache.frames.defined())\n    cache_x = at::cat({cache.frames.select(2, -1)"|"if (cache_x.size(2) < 2 && cache.frames.defined())\n    cache_x = at::cat({cache.frames.select(2, 0)"
-10|lib/dlo/models/wan_vae.cpp|VAE temporal upsampler: no zero frame in the cache after the first chunk (Rep)|"if (cache_x.size(2) < 2 && cache.rep) cache_x = at::cat({at::zeros_like(cache_x), cache_x}, 2);"|""
+10|lib/dlo/models/wan_vae.cpp|VAE temporal upsampler: no zero frame in the cache after the first chunk (Rep; equivalent: the conv pads that zero frame itself)|"if (cache_x.size(2) < 2 && cache.rep) cache_x = at::cat({at::zeros_like(cache_x), cache_x}, 2);"|""
 11|lib/dlo/io/safetensors.cpp|safetensors: end offset checked against the file size, not the data section|"DLO_CHECK(end <= data_size, where,"|"DLO_CHECK(end <= data_start + data_size, where,"
 12|lib/dlo/io/safetensors.cpp|safetensors: header length off by one|"DLO_CHECK(n <= size - 8, \"header length \""|"DLO_CHECK(n <= size - 7, \"header length \""
+13|lib/dlo/models/wan_vae.cpp|VAE temporal upsampler: the two new frames of each input frame interleaved in the wrong order|"x = at::stack({x.select(1, 0), x.select(1, 1)}, 3);"|"x = at::stack({x.select(1, 1), x.select(1, 0)}, 3);"
 EOF
 )
 
