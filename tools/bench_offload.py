@@ -2,7 +2,7 @@
 """Benchmarks of the offload engine on the CPU (issue: offload engine). Not a test: prints numbers.
 
   overlap   per-pass time of layerwise and dlo vs resident, same threads, at 1 and 2 ranks
-  guidance  bytes streamed per pass with guidance vs without
+  guidance  bytes streamed and blocks acquired per denoising step with guidance vs without
   memory    peak memory (memory-cgroup peak, page cache included) of dlo vs the naive mode in
             which every rank reads the whole model into private memory (layerwise), at 4 ranks
   scale     a checkpoint larger than half of this machine's RAM, with dlo on 4 ranks
@@ -106,17 +106,22 @@ def bench_overlap(a, tmp):
 
 
 def bench_guidance(a, tmp):
+    """Bytes and blocks per denoising step (not per traversal: a runner that streamed the weights once
+    per branch would double both), with guidance vs without."""
     model = os.path.join(tmp, "gd")
     make(a.bin, model, "--preset", "wan2.1-t2v-1.3b", "--layers", "4", "--dtype", "bf16")
     inp = os.path.join(tmp, "gd_in.safetensors")
     inputs(inp, 1, 4, 16)
+    steps = 3
     out = {}
     for g in (False, True):
-        r, _ = forward(a.bin, 2, model, inp, "dlo", tmp, "--passes", "3", *(["--guidance"] if g else []), dtype="bf16")
+        r, _ = forward(a.bin, 2, model, inp, "dlo", tmp, "--passes", str(steps), *(["--guidance"] if g else []),
+                       dtype="bf16")
         x = r["ranks"][0]
-        out[g] = x["bytes_streamed"] / x["blocks_acquired"] * 4  # per pass of 4 blocks
-    print(f"guidance: dlo, 2 ranks, 4 blocks: bytes streamed per pass {out[False]:.0f} without guidance, "
-          f"{out[True]:.0f} with (ratio {out[True] / out[False]:.3f})")
+        out[g] = (x["bytes_streamed"] / steps, x["blocks_acquired"] / steps)  # per step (the cold start adds block 0 once)
+    print(f"guidance: dlo, 2 ranks, 4 blocks, {steps} steps: per step {out[False][0]:.0f} bytes streamed and "
+          f"{out[False][1]:.2f} blocks acquired without guidance, {out[True][0]:.0f} and {out[True][1]:.2f} with "
+          f"(ratios {out[True][0] / out[False][0]:.3f}, {out[True][1] / out[False][1]:.3f})")
 
 
 def bench_memory(a, tmp):

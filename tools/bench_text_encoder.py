@@ -86,6 +86,13 @@ def main():
 
     mo, mt = statistics.median(ours), statistics.median(theirs)
     bo, bt = min(ours), min(theirs)
+    # Per interleaved round: ours / transformers; the median and range are the figures to quote
+    # (best-of-N flatters whichever side had the quietest moment).
+    ratios = sorted(o / t for o, t in zip(ours, theirs))
+    cratios = sorted(c / t for c, t in zip(compact, theirs))
+    print(f"text encoder, ratio ours/transformers per round: median {statistics.median(ratios):.3f} "
+          f"(range {ratios[0]:.3f}-{ratios[-1]:.3f}, {len(ratios)} rounds); compact mode median "
+          f"{statistics.median(cratios):.3f} (range {cratios[0]:.3f}-{cratios[-1]:.3f})")
     print(f"text encoder speed: UMT5 d_model {args.d_model}, {args.heads}x{args.d_kv} heads, d_ff {args.d_ff}, "
           f"{args.layers} layers, {args.dtype}, 1 x {args.length} tokens ({args.tokens} real), {args.threads} threads, "
           f"{args.rounds} interleaved rounds: best ours {bo:.3f}s, transformers {bt:.3f}s, ratio ours/transformers "

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Benchmarks of the Wan transformer on the CPU (issue: transformer). Not a test: prints numbers.
 
-1. Speed: our forward vs diffusers' forward, one run, same weights, inputs, dtype and threads, on
-   the 1.3B shape cut to --layers blocks with a small latent. Reports the ratio ours/diffusers.
+1. Speed: our forward vs diffusers' forward, same weights, inputs, dtype and threads, on the 1.3B
+   shape cut to --layers blocks with a small latent. --runs runs, alternating ours and diffusers,
+   each the median of --repeat forwards (the first excluded); reports the median ratio
+   ours/diffusers over the runs and its range (the machine is shared: single runs vary by 2x).
 2. Memory: RSS growth from building the model out of a generated full 1.3B-shape bf16 checkpoint
    (~2.8 GB) to just before the first forward (the weights are mmap views, so this stays small).
 
-  .venv/bin/python tools/bench_transformer.py --bin build/bin [--threads 2] [--layers 4] [--work DIR]
+  .venv/bin/python tools/bench_transformer.py --bin build/bin [--threads 2] [--layers 4] [--runs 5] [--work DIR]
 """
 import argparse
 import json
@@ -32,7 +34,8 @@ def main():
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--frames", type=int, default=3)
     ap.add_argument("--size", type=int, default=16, help="latent height = width")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="forwards per run (the first warms up)")
+    ap.add_argument("--runs", type=int, default=5, help="runs; the median ratio and its range are reported")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args()
@@ -53,26 +56,32 @@ def main():
         inp = os.path.join(tmp, "in.safetensors")
         save_file({"hidden_states": x, "timestep": t, "encoder_hidden_states": ctx}, inp)
         rep = os.path.join(tmp, "report.json")
-        run([fw, "--model", model, "--component", "transformer", "--inputs", inp, "--out", os.path.join(tmp, "o.safetensors"),
-             "--dtype", args.dtype, "--threads", str(args.threads), "--passes", str(args.repeat), "--offload", "resident",
-             "--report", rep])
-        ours = [p["wall_s"] for p in json.load(open(rep))["ranks"][0]["per_pass"]][1:]  # first pass warms up
-
         from diffusers import WanTransformer3DModel
         ref = WanTransformer3DModel.from_pretrained(os.path.join(model, "transformer"), torch_dtype=dt).eval()
-        theirs = []
-        with torch.no_grad():
-            for i in range(args.repeat):
-                t0 = time.perf_counter()
-                ref(hidden_states=x, timestep=t, encoder_hidden_states=ctx, return_dict=False)
-                if i > 0:
-                    theirs.append(time.perf_counter() - t0)
+        ratios, ours_s, theirs_s = [], [], []
+        for _ in range(args.runs):
+            run([fw, "--model", model, "--component", "transformer", "--inputs", inp, "--out",
+                 os.path.join(tmp, "o.safetensors"), "--dtype", args.dtype, "--threads", str(args.threads), "--passes",
+                 str(args.repeat), "--offload", "resident", "--report", rep])
+            ours = [p["wall_s"] for p in json.load(open(rep))["ranks"][0]["per_pass"]][1:]  # first pass warms up
+            theirs = []
+            with torch.no_grad():
+                for i in range(args.repeat):
+                    t0 = time.perf_counter()
+                    ref(hidden_states=x, timestep=t, encoder_hidden_states=ctx, return_dict=False)
+                    if i > 0:
+                        theirs.append(time.perf_counter() - t0)
+            mo, mt = statistics.median(ours), statistics.median(theirs)
+            ours_s.append(mo)
+            theirs_s.append(mt)
+            ratios.append(mo / mt)
         del ref
         L = args.frames * args.size * args.size // 4
-        mo, mt = statistics.median(ours), statistics.median(theirs)
         print(f"speed: 1.3B shape, {args.layers} layers, {args.dtype}, latent 16x{args.frames}x{args.size}x{args.size} "
-              f"({L} tokens), text 512, {args.threads} threads: ours {mo:.3f}s, diffusers {mt:.3f}s, "
-              f"ratio ours/diffusers {mo / mt:.3f}")
+              f"({L} tokens), text 512, {args.threads} threads, {args.runs} runs of {args.repeat - 1} timed forwards: "
+              f"ratio ours/diffusers median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); "
+              f"ours median {statistics.median(ours_s):.3f}s, diffusers {statistics.median(theirs_s):.3f}s; "
+              f"per run: {', '.join(f'{r:.2f}' for r in ratios)}")
 
         if args.skip_memory:
             return

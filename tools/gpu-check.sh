@@ -11,10 +11,18 @@ OUTDIR=${OUT:-out/gpu-check}
 mkdir -p "$OUTDIR"
 T0=$(date +%s)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt" || true
+# A GPU check that checked nothing is a failure: no GPU visible, a gpu test skipped, or none run.
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt" \
+  || { echo "gpu-check: FAILED: nvidia-smi sees no GPU on this machine; nothing was checked"; exit 1; }
 tools/setup.sh >"$OUTDIR/setup.log" 2>&1 || { tail -50 "$OUTDIR/setup.log"; exit 1; }
 echo "setup+build: $(( $(date +%s) - T0 )) s"
-ctest --test-dir build -L gpu --output-on-failure | tee "$OUTDIR/ctest-gpu.log"
+grep -q "CUDA/NCCL compiled in: ON" build/configure.log 2>/dev/null \
+  || { echo "gpu-check: FAILED: this build has no CUDA (see build/configure.log)"; exit 1; }
+# The gpu tests skip (exit 77) only where no GPU is present; here one is, so a skip is a failure.
+DLO_REQUIRE_GPU=1 ctest --test-dir build -L gpu --output-on-failure | tee "$OUTDIR/ctest-gpu.log"
+if grep -qE "Not Run|Skipped|No tests were found" "$OUTDIR/ctest-gpu.log"; then
+  echo "gpu-check: FAILED: a gpu test was skipped or none ran on a machine with a GPU"; exit 1
+fi
 
 # Benchmark: 1.3B-shape blocks, bf16, a latent big enough to give each block real work.
 M="$OUTDIR/model"

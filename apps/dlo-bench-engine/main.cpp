@@ -1,15 +1,19 @@
 // dlo-bench-engine: the offload engine's own cost per block transition, with no compute.
 //
-//   [mpirun -np N] dlo-bench-engine --model DIR [--passes 200] [--dtype fp32] [--threads N]
+//   [mpirun -np N] dlo-bench-engine --model DIR [--passes 200] [--repeats 5] [--dtype fp32] [--threads N]
 //
 // Streams the transformer's blocks through each strategy `passes` times (ghost traversals: every
-// acquire/release and transfer, no math) and prints microseconds per block transition (rank 0).
+// acquire/release and transfer, no math), `repeats` times over, and prints (rank 0) the median
+// and the range over the repeats of microseconds per block transition (each the slowest rank's).
 // With tiny blocks this is the host overhead the Python original pays ~1-2 ms for per block.
+// Exit codes: 0 ok, 2 bad flags or model, 1 anything else.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <vector>
 
 #include <cxxopts.hpp>
 
@@ -26,18 +30,27 @@ int main(int argc, char** argv) {
   dlo::MpiWorld world(&argc, &argv);
   // Exit codes, messages and fault handlers shared by every tool (dlo/dist/tool.h).
   return dlo::run_tool("dlo-bench-engine", &world, [&] {
-    cxxopts::Options opts("dlo-bench-engine", "Offload engine cost per block transition");
-    opts.add_options()("model", "model directory", cxxopts::value<std::string>())(
-        "passes", "traversals per strategy", cxxopts::value<int>()->default_value("200"))(
+    cxxopts::Options opts("dlo-bench-engine", "Offload engine cost per block transition (no compute)");
+    opts.add_options()("model", "model directory (with transformer/)", cxxopts::value<std::string>())(
+        "passes", "traversals per measurement", cxxopts::value<int>()->default_value("200"))(
+        "repeats", "measurements per strategy (median and range printed)", cxxopts::value<int>()->default_value("5"))(
         "threads", "CPU threads per rank (0: libtorch default)", cxxopts::value<int>()->default_value("0"))(
-        "dtype", "fp32, bf16, fp16", cxxopts::value<std::string>()->default_value("fp32"));
+        "dtype", "fp32, bf16, fp16", cxxopts::value<std::string>()->default_value("fp32"))("h,help", "this help");
     cxxopts::ParseResult args;
     try {
       args = opts.parse(argc, argv);
     } catch (const cxxopts::exceptions::exception& e) {
       throw dlo::Error(e.what());
     }
-    DLO_CHECK(args.count("model"), "missing --model");
+    if (args.count("help")) {
+      if (world.rank() == 0) std::cout << opts.help();
+      return 0;
+    }
+    DLO_CHECK(args.count("model"), "missing --model DIR");
+    const int passes = args["passes"].as<int>();
+    const int repeats = args["repeats"].as<int>();
+    DLO_CHECK(passes >= 1, "--passes must be >= 1, got ", passes);
+    DLO_CHECK(repeats >= 1, "--repeats must be >= 1, got ", repeats);
     world.set_timeout_s(dlo::parse_seconds_setting(std::getenv("DLO_GATHER_TIMEOUT_S"), "DLO_GATHER_TIMEOUT_S", 600));
     std::string note;
     const int threads = dlo::bound_threads(args["threads"].as<int>(), "--threads", &note);
@@ -45,23 +58,28 @@ int main(int argc, char** argv) {
     if (threads > 0) at::set_num_threads(threads);
     const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
     auto model = dlo::WanTransformer::load(args["model"].as<std::string>() + "/transformer", dtype, false);
-    const int passes = args["passes"].as<int>();
     for (auto s : {dlo::Strategy::kResident, dlo::Strategy::kLayerwise, dlo::Strategy::kDlo}) {
       dlo::WanOffloadRunner runner(model, world.size());
-      dlo::agree_wave(world, passes, runner.plan().fingerprint());
+      dlo::agree_wave(world, static_cast<std::int64_t>(passes) * repeats + 1, runner.plan().fingerprint());
       dlo::EngineOptions eo;
       eo.strategy = s;
       runner.start(eo, s == dlo::Strategy::kDlo && world.size() > 1 ? dlo::make_mpi_collective(world) : nullptr);
       runner.ghost();  // cold start excluded
-      world.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int p = 0; p < passes; ++p) runner.ghost();
-      const double s_total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double us = s_total / passes / static_cast<double>(runner.plan().num_blocks()) * 1e6;
-      const auto worst = world.allreduce_max(static_cast<std::int64_t>(us * 1000));
+      std::vector<double> us;
+      for (int r = 0; r < repeats; ++r) {
+        world.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int p = 0; p < passes; ++p) runner.ghost();
+        const double s_total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double mine = s_total / passes / static_cast<double>(runner.plan().num_blocks()) * 1e6;
+        us.push_back(static_cast<double>(world.allreduce_max(static_cast<std::int64_t>(mine * 1000))) / 1000.0);
+      }
+      std::sort(us.begin(), us.end());
+      const double median = us.size() % 2 ? us[us.size() / 2] : (us[us.size() / 2 - 1] + us[us.size() / 2]) / 2;
       if (world.rank() == 0)
-        std::cout << dlo::strategy_name(s) << ": " << worst / 1000.0 << " us per block transition (" << world.size()
-                  << " ranks, block " << runner.plan().block(0).bytes << " bytes, slowest rank)\n";
+        std::cout << dlo::strategy_name(s) << ": " << median << " us per block transition, median of " << repeats
+                  << " (range " << us.front() << "-" << us.back() << "; " << world.size() << " ranks, block "
+                  << runner.plan().block(0).bytes << " bytes, " << passes << " passes each, slowest rank)\n";
     }
     return 0;
   });

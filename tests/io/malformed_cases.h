@@ -56,6 +56,17 @@ inline std::vector<MalformedFile> malformed_files() {
       {"metadata_not_string", safetensors_bytes(R"({"__metadata__":{"k":1}})", 0),
        "__metadata__: value of 'k' must be a string"},
       {"deep_nesting", safetensors_bytes(deep, 0), "nests deeper than"},
+      // Exactly one byte past each bound (the files exactly at it are valid: test_safetensors.cpp).
+      // Header length: the file holds 8 + 2 bytes, the header claims 3.
+      {"header_len_one_over", safetensors_bytes("{}", 0, 3), "header length 3 runs beyond the file (10 bytes)"},
+      // End offset: 7 data bytes, the tensor ends at 8. The file (8 + header + 7 bytes) is far
+      // larger than 8: only the data section bounds the offsets.
+      {"end_offset_one_over_data", safetensors_bytes(R"({"a":{)" + f32 + "}}", 7),
+       "tensor 'a': end offset 8 beyond the data section (7 bytes"},
+      // The second tensor ends one byte past the data section; the first fits exactly.
+      {"second_end_one_over_data",
+       safetensors_bytes(R"({"a":{)" + f32 + R"(},"b":{"dtype":"U8","shape":[5],"data_offsets":[8,13]}})", 12),
+       "tensor 'b': end offset 13 beyond the data section (12 bytes"},
   };
 }
 

@@ -72,6 +72,48 @@ TEST_CASE("a header computed by hand parses to the offsets and shapes it states"
   CHECK(h.metadata.at("format") == "pt");
 }
 
+TEST_CASE("files exactly at each bound parse (the malformed cases one byte over them are refused)") {
+  auto parse = [](const std::string& bytes) {
+    return parse_safetensors_header(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size(), "bound");
+  };
+  // Header length == file size - 8: no data section at all.
+  {
+    const auto bytes = dlo::test::safetensors_bytes("{}", 0);
+    REQUIRE(bytes.size() == 10);
+    const auto h = parse(bytes);
+    CHECK(h.data_start == 10);
+    CHECK(h.tensors.empty());
+  }
+  // Header padded with spaces up to the end of the file, a zero-length tensor at offset 0.
+  {
+    const std::string header = R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}      )";
+    const auto h = parse(dlo::test::safetensors_bytes(header, 0));
+    REQUIRE(h.tensors.size() == 1);
+    CHECK(h.tensors[0].offset == 8 + header.size());
+    CHECK(h.tensors[0].nbytes == 0);
+  }
+  // End offset == data section size, for the last of two tensors.
+  {
+    const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                               R"("b":{"dtype":"U8","shape":[5],"data_offsets":[8,13]}})";
+    const auto h = parse(dlo::test::safetensors_bytes(header, 13));
+    REQUIRE(h.tensors.size() == 2);
+    CHECK(h.tensors[1].name == "b");
+    CHECK(h.tensors[1].offset == 8 + header.size() + 8);
+    CHECK(h.tensors[1].nbytes == 5);
+  }
+  // Header length one below the file's rest: the last byte is data, and a 1-byte tensor fits.
+  {
+    const std::string header = R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+    const auto h = parse(dlo::test::safetensors_bytes(header, 1));
+    REQUIRE(h.tensors.size() == 1);
+    CHECK(h.tensors[0].offset == 8 + header.size());
+    // ... and one data byte short of it is refused.
+    CHECK_THROWS_WITH_AS(parse(dlo::test::safetensors_bytes(header, 0)),
+                         doctest::Contains("end offset 1 beyond the data section (0 bytes"), Error);
+  }
+}
+
 TEST_CASE("writer output reads back byte for byte, single file and sharded") {
   TempDir dir;
   const auto specs = small_specs();

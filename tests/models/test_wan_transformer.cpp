@@ -1,5 +1,7 @@
-// dlo/models/wan_transformer.h: config checks, weights as views, input checks, block interface.
-// Numerical parity with diffusers is in tools/reference/wan_transformer_parity.py (label parity).
+// dlo/models/wan_transformer.h: config checks, weights as views, input checks, block interface,
+// and the arithmetic against diffusers' outputs stored in tests/data/goldens (so the cpu label
+// alone catches a RoPE or block bug). Wider parity runs are in
+// tools/reference/wan_transformer_parity.py (label parity).
 #include "common/doctest_torch.h"
 
 #include <fstream>
@@ -9,6 +11,7 @@
 #include "dlo/models/json_config.h"
 #include "dlo/models/make_model.h"
 #include "dlo/models/wan_transformer.h"
+#include "models/golden.h"
 
 using namespace dlo;
 using dlo::test::TempDir;
@@ -153,4 +156,25 @@ TEST_CASE("streaming blocks through begin/wan_block_forward/end equals forward()
     s.h = wan_block_forward(WanBlockWeights::bind(views, c), s, s.h, c);
   }
   CHECK(at::equal(streamed.end(s), want));
+}
+
+// diffusers' WanTransformer3DModel on the same weights (3 heads x 16, 3 layers, batch 2 with a
+// timestep each, 3x6x10 and 2x4x8 latents). Bitwise equal at 1 thread: the same libtorch kernels
+// run in the same order (the parity label observes the same on other shapes).
+TEST_CASE("forward equals diffusers' output stored in the goldens, bit for bit, fp32 and bf16") {
+  at::set_num_threads(1);
+  for (const std::string name : {"wan_transformer_fp32", "wan_transformer_bf16"}) {
+    CAPTURE(name);
+    const dlo::test::Golden g(name);
+    TempDir dir;
+    const auto c = WanTransformerConfig::from_json(JsonConfig::parse(g.meta("config"), name));
+    write_random_wan_transformer(dir.file("t"), c, g.weights_dtype(), g.seed(), 0);
+    g.check_weights(dir.file("t"));
+    auto m = WanTransformer::load(dir.file("t"), g.compute_dtype());
+    const at::Tensor want = g.get("output");
+    const at::Tensor got = m.forward(g.get("hidden_states"), g.get("timestep"), g.get("encoder_hidden_states"));
+    REQUIRE(got.sizes() == want.sizes());
+    REQUIRE((got.scalar_type() == want.scalar_type()));
+    CHECK_MESSAGE(at::equal(got, want), "rel err " << dlo::test::golden_rel_err(got, want));
+  }
 }

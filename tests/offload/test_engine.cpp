@@ -87,16 +87,84 @@ TEST_CASE("Wan forward through resident, layerwise and dlo engines equals the re
     // A second wave in which every rank computes, one branch only: still equal.
     CHECK(at::equal(runner.forward({cond})[0], want_cond));
 
+    // Counted, not derived from the stats: wave.length traversals (guidance included: both
+    // branches share one), plus the second wave's one. The cold start brings block 0 once more.
     const EngineStats st = runner.engine().stats();
+    const auto traversals = static_cast<std::uint64_t>(wave.length + 1);
+    CHECK(st.blocks_acquired == traversals * static_cast<std::uint64_t>(c.num_layers));
     if (s == Strategy::kResident) {
       CHECK(st.bytes_streamed == 0);
     } else {
-      // Guidance streams each block once per pass: bytes per traversal == the stack's bytes.
-      const std::uint64_t traversals = st.blocks_acquired / static_cast<std::uint64_t>(c.num_layers);
-      CHECK(st.bytes_streamed <= (traversals + 1) * runner.plan().total_bytes());
-      CHECK(st.bytes_streamed >= traversals * runner.plan().total_bytes());
+      CHECK(st.bytes_streamed == traversals * runner.plan().total_bytes() + runner.plan().block(0).bytes);
     }
     if (s == Strategy::kDlo) CHECK(st.host_bytes * world().size() < runner.plan().total_bytes() + 1024 * world().size() * c.num_layers);
+  }
+}
+
+// Regression: the guidance check used to divide bytes by traversals, so a runner that streamed
+// the weights once per branch (twice per step) passed. Counted per denoising step here.
+TEST_CASE("guidance streams each block once per denoising step: bytes and blocks per step equal those without") {
+  SharedDir dir;
+  auto c = WanTransformerConfig::preset("wan-test");
+  c.num_layers = 4;
+  if (world().rank() == 0) write_random_wan_transformer(dir.file("g"), c, DType::F32, 12, 0);
+  world().barrier();
+  at::manual_seed(300 + world().rank());
+  WanBranchInputs cond{at::randn({1, 4, 2, 4, 4}), at::tensor({500}, at::kLong), at::randn({1, 6, 16})};
+  WanBranchInputs uncond{cond.hidden_states, cond.timestep, at::randn({1, 6, 16})};
+  auto reference = WanTransformer::load(dir.file("g"), at::kFloat);
+  const at::Tensor want_cond = reference.forward(cond.hidden_states, cond.timestep, cond.encoder_hidden_states);
+  const at::Tensor want_uncond = reference.forward(uncond.hidden_states, uncond.timestep, uncond.encoder_hidden_states);
+  constexpr int kSteps = 3;
+  const auto layers = static_cast<std::uint64_t>(c.num_layers);
+
+  for (Strategy s : {Strategy::kResident, Strategy::kLayerwise, Strategy::kDlo}) {
+    CAPTURE(strategy_name(s));
+    auto model = WanTransformer::load(dir.file("g"), at::kFloat, /*load_blocks=*/false);
+    WanOffloadRunner runner(model, world().size());
+    agree_wave(world(), 1 + 3 * kSteps, runner.plan().fingerprint());
+    EngineOptions eo;
+    eo.strategy = s;
+    runner.start(eo, collective_for(s));
+    const StackPlan& plan = runner.plan();
+    std::uint64_t gathered_per_step = 0;
+    for (std::int64_t i = 0; i < plan.num_blocks(); ++i)
+      gathered_per_step += plan.shard_bytes(i) * static_cast<std::uint64_t>(world().size() - 1);
+    runner.forward({cond});  // warm-up: the cold start brings block 0 one extra time
+
+    struct Step {
+      std::uint64_t blocks, bytes, gathered;
+    };
+    // One denoising step; `guidance`: both branches.
+    auto step = [&](bool guidance) {
+      const EngineStats before = runner.engine().stats();
+      auto out = guidance ? runner.forward({cond, uncond}) : runner.forward({cond});
+      const EngineStats after = runner.engine().stats();
+      REQUIRE(out.size() == (guidance ? 2u : 1u));
+      CHECK(at::equal(out[0], want_cond));
+      if (guidance) CHECK(at::equal(out[1], want_uncond));
+      return Step{after.blocks_acquired - before.blocks_acquired, after.bytes_streamed - before.bytes_streamed,
+                  after.bytes_gathered - before.bytes_gathered};
+    };
+    std::vector<Step> plain, guided;
+    for (int k = 0; k < kSteps; ++k) plain.push_back(step(false));
+    for (int k = 0; k < kSteps; ++k) guided.push_back(step(true));
+    for (int k = 0; k < kSteps; ++k) {
+      CAPTURE(k);
+      CHECK(guided[k].blocks == plain[k].blocks);
+      CHECK(guided[k].bytes == plain[k].bytes);
+      CHECK(guided[k].gathered == plain[k].gathered);
+      // And what one step must cost: every block once, by hand from the plan.
+      CHECK(guided[k].blocks == layers);
+      CHECK(guided[k].bytes == (s == Strategy::kResident ? 0 : plan.total_bytes()));
+      CHECK(guided[k].gathered == (s == Strategy::kDlo ? gathered_per_step : 0));
+    }
+    // Mixed: even ranks guide, odd ranks do not. Each rank still makes one traversal per step;
+    // a rank that made two would leave the others in a gather (the test watchdog ends that run).
+    for (int k = 0; k < kSteps; ++k) {
+      const Step st = step(world().rank() % 2 == 0);
+      CHECK(st.blocks == layers);
+    }
   }
 }
 

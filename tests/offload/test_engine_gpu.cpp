@@ -1,8 +1,16 @@
-// The offload engine on a CUDA device (label gpu). Exits 77 (CTest: skipped) without a GPU.
+// The offload engine on a CUDA device (label gpu). Exits 77 (CTest: skipped) only where no GPU is
+// present: no NVIDIA device node and CUDA finds no device (or no driver). Anything else on a
+// machine with a GPU (this build without CUDA, a driver or runtime error, devices hidden) is a
+// failure, and DLO_REQUIRE_GPU=1 (set by tools/gpu-check.sh) turns every skip into one.
 // On the device, every strategy must equal resident-on-the-device bit for bit (same kernels, same
 // order), and the device result must match the CPU within float tolerance.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "common/doctest_torch.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 
 #include "common/test_util.h"
 #include "dlo/dist/collective.h"
@@ -19,13 +27,39 @@
 using namespace dlo;
 
 namespace {
-int device_count() {
-  int n = 0;
-#ifdef DLO_HAVE_CUDA
-  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-#endif
-  return n;
+
+// An NVIDIA device node (/dev/nvidia0.., /dev/nvidiactl): the machine has a GPU and a driver
+// loaded, whatever CUDA says.
+bool nvidia_device_node() {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("nvidia", 0) == 0 && n != "nvidia-caps") return true;
+  }
+  return false;
 }
+
+// Empty when a CUDA device is usable; else why not. Sets `absent` when that is because the
+// machine has no GPU at all (the only reason to skip).
+std::string why_no_device(bool& absent) {
+  const bool node = nvidia_device_node();
+#ifdef DLO_HAVE_CUDA
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && n > 0) return "";
+  const bool none = (e == cudaSuccess && n == 0) || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver;
+  absent = none && !node;
+  return std::string("cudaGetDeviceCount: ") + (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)) +
+         (node ? " although an NVIDIA device node exists in /dev (driver or runtime fault, or devices hidden by "
+                 "CUDA_VISIBLE_DEVICES)"
+               : "");
+#else
+  absent = !node;
+  return node ? "this build has no CUDA (libtorch without CUDA), but the machine has an NVIDIA device"
+              : "this build has no CUDA";
+#endif
+}
+
 }  // namespace
 
 TEST_CASE("on the GPU, layerwise and dlo equal resident bit for bit, and the CPU within tolerance") {
@@ -64,9 +98,18 @@ TEST_CASE("on the GPU, layerwise and dlo equal resident bit for bit, and the CPU
 }
 
 int main(int argc, char** argv) {
-  if (device_count() == 0) {
-    std::fprintf(stderr, "no CUDA device: skipped\n");
-    return 77;
+  bool absent = false;
+  const std::string why = why_no_device(absent);
+  if (!why.empty()) {
+    const char* req = std::getenv("DLO_REQUIRE_GPU");
+    const bool required = req != nullptr && std::string(req) == "1";
+    if (absent && !required) {
+      std::fprintf(stderr, "test_engine_gpu: no GPU on this machine (%s): skipped\n", why.c_str());
+      return 77;
+    }
+    std::fprintf(stderr, "test_engine_gpu: FAILED: no usable CUDA device: %s%s\n", why.c_str(),
+                 required ? " (DLO_REQUIRE_GPU=1: a GPU is required)" : "");
+    return 1;
   }
   dlo::MpiWorld world(&argc, &argv);
   doctest::Context ctx(argc, argv);

@@ -18,7 +18,8 @@ def add_common_args(ap, make_example):
     ap.add_argument("--dtype", default="fp32", choices=DTYPES, help="compute dtype of both runs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tol", type=float, required=True)
+    ap.add_argument("--tol", type=float, required=True,
+                    help="bar on ||ours - ref|| / ||ref||; 0 demands bitwise equality")
 
 
 def make_model(args, tmp, *flags):

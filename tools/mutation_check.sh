@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Mutation check: does the suite fail when the code is wrong? Injects small, plausible bugs into
+# the library one at a time, rebuilds, runs the CTest labels given (default: cpu|mpi, not parity:
+# the cpu label alone must guard the arithmetic), and reports each mutant caught or missed.
+#
+#   tools/mutation_check.sh [--labels 'cpu|mpi'] [--only 1,5,9] [--list] [--keep]
+#
+# Works on a copy of the committed tree (git archive HEAD) under $DLO_MUTATION_DIR (default: a
+# fresh /tmp/dlo-mutation.XXXXXX), built with tools/setup.sh there (ccache makes that quick), so
+# the worktree is never touched and no mutant can be committed. Each mutant is one exact string
+# replacement that must match once (the script stops if the code has moved on: update the table
+# below). Prints a Markdown table; exit 0 when every mutant was caught, 1 otherwise.
+# Time: ~1-2 min per mutant on 2 cores (one library file recompiled, tests relinked, ~60 s of tests).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+LABELS='cpu|mpi'
+ONLY=""
+LIST=0
+KEEP=0
+while (($#)); do
+  case "$1" in
+    --labels) LABELS=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
+    --list) LIST=1; shift ;;
+    --keep) KEEP=1; shift ;;
+    *) echo "usage: tools/mutation_check.sh [--labels 'cpu|mpi'] [--only 1,5,9] [--list] [--keep]" >&2; exit 2 ;;
+  esac
+done
+
+# The mutants: id | file | what | old text | new text (Python string literals, evaluated).
+MUTANTS=$(cat <<'EOF'
+1|lib/dlo/offload/runner.cpp|guidance streams the weights once per branch (twice per step)|"  engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {\n    const WanBlockWeights bw = WanBlockWeights::bind(w, c);\n    for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);\n  });"|"  for (auto& s : states) engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {\n    s.h = wan_block_forward(WanBlockWeights::bind(w, c), s, s.h, c);\n  });"
+2|lib/dlo/offload/stack_plan.cpp|shard size: block bytes / N rounded down before the 256-byte round-up|"return round_up((block(i).bytes + n - 1) / n, kShardAlign);"|"return round_up(block(i).bytes / n, kShardAlign);"
+3|lib/dlo/offload/engine.cpp|dlo (CPU): own shard copied to offset 0 instead of rank * shard|"std::memcpy(dst + shard * static_cast<std::uint64_t>(rank), host.data() + host_offset[j], shard);"|"std::memcpy(dst, host.data() + host_offset[j], shard);"
+4|lib/dlo/offload/engine.cpp|layerwise: host copy of a block rounded down to 256 bytes|"(plan.block(i).bytes + kShardAlign - 1) / kShardAlign * kShardAlign;"|"plan.block(i).bytes / kShardAlign * kShardAlign;"
+5|lib/dlo/models/wan_transformer.cpp|RoPE: positions counted from 1 instead of 0|"freqs = at::outer(at::arange(max_len, f64), freqs);"|"freqs = at::outer(at::arange(1, max_len + 1, f64), freqs);"
+6|lib/dlo/models/wan_transformer.cpp|RoPE: sign of the rotation's second component|"copy_(x1 * s + x2 * c);"|"copy_(x2 * c - x1 * s);"
+7|lib/dlo/models/wan_transformer.cpp|block: feed-forward shift and scale swapped|"&c_shift = mod[3], &c_scale = mod[4]"|"&c_shift = mod[4], &c_scale = mod[3]"
+8|lib/dlo/models/umt5.cpp|UMT5 relative position bucket: distance 0 counted as positive|"(relative_position > 0).to(at::kLong) * num_buckets;"|"(relative_position >= 0).to(at::kLong) * num_buckets;"
+9|lib/dlo/models/wan_vae.cpp|VAE causal cache: a 1-frame chunk keeps the cache's first frame, not its last|"if (cache_x.size(2) < 2 && cache.frames.defined())\n    cache_x = at::cat({cache.frames.select(2, -1)"|"if (cache_x.size(2) < 2 && cache.frames.defined())\n    cache_x = at::cat({cache.frames.select(2, 0)"
+10|lib/dlo/models/wan_vae.cpp|VAE temporal upsampler: no zero frame in the cache after the first chunk (Rep; equivalent: the conv pads that zero frame itself)|"if (cache_x.size(2) < 2 && cache.rep) cache_x = at::cat({at::zeros_like(cache_x), cache_x}, 2);"|""
+11|lib/dlo/io/safetensors.cpp|safetensors: end offset checked against the file size, not the data section|"DLO_CHECK(end <= data_size, where,"|"DLO_CHECK(end <= data_start + data_size, where,"
+12|lib/dlo/io/safetensors.cpp|safetensors: header length off by one|"DLO_CHECK(n <= size - 8, \"header length \""|"DLO_CHECK(n <= size - 7, \"header length \""
+13|lib/dlo/models/wan_vae.cpp|VAE temporal upsampler: the two new frames of each input frame interleaved in the wrong order|"x = at::stack({x.select(1, 0), x.select(1, 1)}, 3);"|"x = at::stack({x.select(1, 1), x.select(1, 0)}, 3);"
+EOF
+)
+
+if ((LIST)); then
+  echo "$MUTANTS" | cut -d'|' -f1-3 | tr '|' '\t'
+  exit 0
+fi
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+  OMPI_MCA_btl_vader_single_copy_mechanism=none
+WORK=${DLO_MUTATION_DIR:-$(mktemp -d /tmp/dlo-mutation.XXXXXX)}
+SRC=$WORK/src
+LOGS=$WORK/logs
+mkdir -p "$SRC" "$LOGS"
+((KEEP)) || trap 'rm -rf "$SRC/build"' EXIT
+echo "mutation check: copy of $(git -C "$ROOT" rev-parse --short HEAD) in $SRC, labels '$LABELS', logs in $LOGS"
+git -C "$ROOT" archive HEAD | tar -x -C "$SRC"
+(cd "$SRC" && tools/setup.sh >"$LOGS/setup.log" 2>&1) || { tail -30 "$LOGS/setup.log"; exit 1; }
+
+run_tests() {  # $1: log file; returns ctest's status
+  ctest --test-dir "$SRC/build" -L "$LABELS" -j2 --timeout 240 >"$1" 2>&1 </dev/null  # mpirun reads stdin
+}
+echo "baseline (no mutant): building and running..."
+if ! run_tests "$LOGS/baseline.log"; then
+  echo "the unmutated tree fails its own tests; see $LOGS/baseline.log"; tail -20 "$LOGS/baseline.log"; exit 1
+fi
+echo "baseline: $(grep -E 'tests passed' "$LOGS/baseline.log")"
+
+apply() {  # $1 file $2 old $3 new (Python literals); exits 3 unless old matches exactly once
+  python3 - "$1" "$2" "$3" <<'PY'
+import ast, sys
+path, old, new = sys.argv[1], ast.literal_eval(sys.argv[2]), ast.literal_eval(sys.argv[3])
+text = open(path).read()
+n = text.count(old)
+if n != 1:
+    print(f"{path}: the mutant's text occurs {n} times (want 1); update tools/mutation_check.sh", file=sys.stderr)
+    sys.exit(3)
+open(path, "w").write(text.replace(old, new))
+PY
+}
+
+echo
+echo "| # | where | mutant | result | first failing tests |"
+echo "|---|---|---|---|---|"
+missed=0
+while IFS='|' read -r -u 3 id file what old new; do
+  [ -n "$id" ] || continue
+  if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$id,"* ]]; then continue; fi
+  cp "$SRC/$file" "$WORK/orig"
+  apply "$SRC/$file" "$old" "$new" || exit 1
+  log="$LOGS/mutant_$id.log"
+  if ! cmake --build "$SRC/build" >"$log" 2>&1 </dev/null; then
+    result="build fails (not a test result)"
+    failing=""
+  elif run_tests "$log.ctest"; then
+    result="**MISSED**"
+    failing=""
+    missed=$((missed + 1))
+  else
+    result="caught"
+    failing=$(grep -E '^\s+[0-9]+ - ' "$log.ctest" | sed -E 's/^\s+[0-9]+ - //; s/ \([^()]*\)$//' | head -3 | paste -sd';' -)
+    failing="$failing ($(grep -cE '^\s+[0-9]+ - ' "$log.ctest") failed)"
+  fi
+  cp "$WORK/orig" "$SRC/$file"  # revert
+  echo "| $id | \`$file\` | $what | $result | $failing |"
+done 3<<<"$MUTANTS"
+# Leave the copy's build matching its sources again (a --keep rerun starts clean).
+cmake --build "$SRC/build" >/dev/null 2>&1 || true
+echo
+echo "missed: $missed"
+((missed == 0))
