@@ -155,6 +155,20 @@ TEST_CASE("ids and outputs when absent: job-NNNN, unique, the format's extension
   CHECK(!dlo::is_safe_job_id(std::string(129, 'a')));
 }
 
+TEST_CASE("made ids have 4 digits, 5 from 10000 jobs on") {
+  TempDir d;
+  std::string lines;
+  for (int i = 0; i < 9999; ++i) lines += "p\n";
+  Loaded r = load(d, "p.txt", lines, {}, std::string("m"));
+  REQUIRE(r.manifest.jobs.size() == 9999);
+  CHECK(r.manifest.jobs.front().id == "job-0000");
+  CHECK(r.manifest.jobs.back().id == "job-9998");
+  r = load(d, "p.txt", lines + "p\n", {}, std::string("m"));
+  REQUIRE(r.manifest.jobs.size() == 10000);
+  CHECK(r.manifest.jobs.front().id == "job-00000");
+  CHECK(r.manifest.jobs.back().id == "job-09999");
+}
+
 TEST_CASE("seeds: given anywhere wins; else the first 4 bytes of sha256(id), the same on every load") {
   // Python: int.from_bytes(hashlib.sha256(b"job-0000").digest()[:4], "big")
   CHECK(dlo::default_seed_for_id("job-0000") == 1316378323u);
@@ -232,6 +246,8 @@ TEST_CASE("each problem's message names the file, the line, the job (index and i
   CHECK(one_problem(d, h + "  - prompt: a\n    steps: 4\n    steps: 5\n") ==
         "m.yaml:5:5: job 0 (id 'job-0000'): steps: given twice (also on line 4)");
   CHECK(one_problem(d, "model: m\nmodel: n\njobs: [a]\n") == "m.yaml:2:1: model: given twice (also on line 1)");
+  CHECK(one_problem(d, "model: m\ndefaults:\n  fps: 8\n  fps: 8\njobs: [a]\n") ==
+        "m.yaml:4:3: defaults: fps: given twice (also on line 3)");
   // Wrong types.
   CHECK(one_problem(d, h + "  - {prompt: a, steps: \"10\"}\n") ==
         "m.yaml:3:17: job 0 (id 'job-0000'): steps: must be an integer, got the string \"10\" (drop the quotes)");
@@ -252,6 +268,9 @@ TEST_CASE("each problem's message names the file, the line, the job (index and i
   CHECK(one_problem(d, h + "  - prompt: a\n    negative_prompt:\n") ==
         "m.yaml:4:5: job 0 (id 'job-0000'): negative_prompt: has no value (write \"\" for an empty string; expected a "
         "string)");
+  CHECK(one_problem(d, h + "  - prompt: null\n") ==
+        "m.yaml:3:5: job 0 (id 'job-0000'): prompt: has no value (write \"\" for an empty string; expected a string)");
+  CHECK(one_problem(d, "model: [a]\njobs: [a]\n") == "m.yaml:1:1: model: must be a path (a string), got a list");
   CHECK(one_problem(d, "model: m\ndefaults: [steps]\njobs: [a]\n") ==
         "m.yaml:2:1: defaults: must be a mapping of job fields, got a list");
   CHECK(one_problem(d, h + "  - [a, b]\n") ==
