@@ -1,0 +1,788 @@
+#include "dlo/pipeline/manifest.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <tuple>
+#include <sstream>
+#include <variant>
+
+#include <yaml-cpp/yaml.h>
+
+#include "dlo/common/file.h"
+#include "dlo/common/sha256.h"
+
+namespace dlo {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Job fields, in the order they are documented.
+const std::vector<std::string> kJobKeys = {"id",     "prompt", "negative_prompt", "seed",       "steps",  "guidance",
+                                           "height", "width",  "frames",          "fps",        "scheduler",
+                                           "flow_shift", "format", "crf",         "preset",     "output"};
+const std::vector<std::string> kPerJobOnly = {"id", "prompt", "output"};
+const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs"};
+
+enum class Kind { kString, kSeed, kInt, kDouble };
+
+Kind kind_of(const std::string& key) {
+  if (key == "seed") return Kind::kSeed;
+  if (key == "steps" || key == "height" || key == "width" || key == "frames" || key == "fps" || key == "crf")
+    return Kind::kInt;
+  if (key == "guidance" || key == "flow_shift") return Kind::kDouble;
+  return Kind::kString;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// "12.5" not "12.500000".
+std::string number(double v) {
+  std::ostringstream os;
+  os.precision(10);
+  os << v;
+  return os.str();
+}
+
+std::string flag_name(const std::string& key) {
+  std::string f = "--" + key;
+  std::replace(f.begin(), f.end(), '_', '-');
+  return f;
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// " (did you mean 'steps'?)" or "": the closest known key by edit distance (case and '-' vs '_'
+// ignored), or one that contains the key or is contained in it ("num_frames" -> "frames").
+std::string suggestion(const std::string& key, const std::vector<std::string>& known) {
+  std::string k = key;
+  for (auto& c : k) c = c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string best;
+  std::size_t best_d = std::max<std::size_t>(2, k.size() / 3) + 1;
+  for (const auto& cand : known) {
+    const std::size_t d = edit_distance(k, cand);
+    if (d < best_d) best_d = d, best = cand;
+  }
+  if (best.empty())
+    for (const auto& cand : known)
+      if (std::min(k.size(), cand.size()) >= 4 && (k.find(cand) != std::string::npos || cand.find(k) != std::string::npos)) {
+        best = cand;
+        break;
+      }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+bool valid_utf8(const std::string& s, std::size_t* bad = nullptr) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const std::size_t n = s.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len != 0 && i + len <= n && !(len == 2 && c < 0xc2);
+    for (std::size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && len == 3) {
+      const unsigned cp = ((c & 0x0f) << 12) | ((p[i + 1] & 0x3f) << 6);
+      ok = cp >= 0x800 && !(cp >= 0xd800 && cp <= 0xdfff);
+    }
+    if (ok && len == 4) {
+      const unsigned cp = ((c & 0x07) << 18) | ((p[i + 1] & 0x3f) << 12);
+      ok = cp >= 0x10000 && cp <= 0x10ffff;
+    }
+    if (!ok) {
+      if (bad) *bad = i;
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// A parsed value and where it came from.
+struct Value {
+  std::variant<std::string, std::uint64_t, std::int64_t, double> v;
+  ManifestFieldSource src;
+};
+using Fields = std::map<std::string, Value>;
+
+class Problems {
+ public:
+  explicit Problems(std::string file) : file_(std::move(file)) {}
+  void add(std::int64_t job, const std::string& field, const std::string& message, const YAML::Mark& mark) {
+    ManifestProblem p{file_, job, "", field, message};
+    if (!mark.is_null()) p.line = mark.line + 1, p.column = mark.column + 1;
+    list.push_back(std::move(p));
+  }
+  void add(std::int64_t job, const std::string& field, const std::string& message, std::int64_t line = -1,
+           std::int64_t column = -1) {
+    list.push_back({file_, job, "", field, message, line, column});
+  }
+  void add_flag(const std::string& key, const std::string& message) {
+    list.push_back({"command line", -1, "", flag_name(key), message});
+  }
+  std::vector<ManifestProblem> list;
+
+ private:
+  std::string file_;
+};
+
+ManifestFieldSource source_at(ManifestFieldSource::Kind kind, const YAML::Mark& m) {
+  ManifestFieldSource s;
+  s.kind = kind;
+  if (!m.is_null()) s.line = m.line + 1, s.column = m.column + 1;
+  return s;
+}
+
+const char* type_name(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Null: return "nothing";
+    default: return "a value";
+  }
+}
+
+bool is_plain_or_typed(const YAML::Node& n, const char* core_tag) {
+  const std::string& t = n.Tag();
+  return t == "?" || t == std::string("tag:yaml.org,2002:") + core_tag;
+}
+
+// Checks of a value that need no model (the rest is validate_job's). "" when good.
+std::string range_problem(const std::string& key, const Value& val) {
+  if (const auto* i = std::get_if<std::int64_t>(&val.v)) {
+    const std::int64_t v = *i;
+    if (key == "steps" && v < 1) return str("must be >= 1, got ", v);
+    if ((key == "height" || key == "width" || key == "frames") && v < 1) return str("must be positive, got ", v);
+    if (key == "fps" && (v < 1 || v > 240)) return str("must be in 1..240, got ", v);
+    if (key == "crf" && (v < 0 || v > 51)) return str("must be in 0..51 (libx264), got ", v);
+  } else if (const auto* d = std::get_if<double>(&val.v)) {
+    if (!std::isfinite(*d)) return "must be a finite number";
+    if (key == "flow_shift" && !(*d > 0)) return str("must be a positive number, got ", number(*d));
+  } else if (const auto* s = std::get_if<std::string>(&val.v)) {
+    if (key == "format" && *s != "mp4" && *s != "png" && *s != "ffv1") return str("'", *s, "' is not mp4, png or ffv1");
+    if (key == "scheduler" && *s != "unipc" && *s != "euler") return str("unknown noise scheduler '", *s, "' (unipc, euler)");
+    if (key == "id" && !is_safe_job_id(*s))
+      return str("'", *s, "' is not a safe file name: use 1..128 of A-Z a-z 0-9 . _ -, not starting with '.' or '-'");
+    if (key == "output" && s->empty()) return "is empty";
+    if (key == "preset" && s->empty()) return "is empty";
+    std::size_t bad = 0;
+    if (!valid_utf8(*s, &bad)) return str("is not valid UTF-8 (byte ", bad, ")");
+  }
+  return "";
+}
+
+// Parses one field's YAML value; reports a wrong type or value and returns nothing then.
+std::optional<Value> parse_value(const std::string& key, const YAML::Node& node, const YAML::Mark& key_mark,
+                                 ManifestFieldSource::Kind kind, std::int64_t job, const std::string& field,
+                                 Problems& problems) {
+  const auto bad = [&](const std::string& msg) {
+    problems.add(job, field, msg, key_mark);
+    return std::optional<Value>{};
+  };
+  const Kind k = kind_of(key);
+  const char* want = k == Kind::kString ? "a string" : k == Kind::kDouble ? "a number" : "an integer";
+  if (node.IsNull()) return bad(str("has no value (", k == Kind::kString ? "write \"\" for an empty string; " : "",
+                                    "expected ", want, ")"));
+  if (!node.IsScalar()) return bad(str("must be ", want, ", got ", type_name(node)));
+  const std::string& text = node.Scalar();
+  Value val;
+  val.src = source_at(kind, key_mark);
+  if (k == Kind::kString) {
+    val.v = text;  // as written: `no`, `1.5` and `~x` are text here
+  } else {
+    const bool numeric_tag = is_plain_or_typed(node, k == Kind::kDouble ? "float" : "int") ||
+                             (k == Kind::kDouble && node.Tag() == "tag:yaml.org,2002:int");
+    if (!numeric_tag) return bad(str("must be ", want, ", got the string \"", text, "\" (drop the quotes)"));
+    std::string t = text;
+    const bool negative = !t.empty() && t[0] == '-';
+    if (!t.empty() && t[0] == '+') t.erase(0, 1);
+    if (k == Kind::kDouble) {
+      static const std::set<std::string> nonfinite = {".inf", ".Inf", ".INF", "+.inf", "-.inf", "-.Inf", "-.INF",
+                                                      ".nan", ".NaN", ".NAN"};
+      if (nonfinite.count(text)) return bad(str("must be a finite number, got '", text, "'"));
+      const bool digits = !t.empty() && t.find_first_not_of("0123456789.eE+-") == std::string::npos &&
+                          t.find_first_of("0123456789") != std::string::npos;
+      char* end = nullptr;
+      const double d = digits ? std::strtod(t.c_str(), &end) : 0.0;
+      if (!digits || end != t.c_str() + t.size()) return bad(str("must be a number, got '", text, "'"));
+      val.v = d;
+    } else {
+      const std::string body = negative ? t.substr(1) : t;
+      const bool digits = !body.empty() && body.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits) return bad(str("must be an integer, got '", text, "'"));
+      if (k == Kind::kSeed) {
+        if (negative) return bad(str("must be >= 0 (a seed is 0 .. 18446744073709551615), got ", text));
+        std::uint64_t u = 0;
+        const auto r = std::from_chars(body.data(), body.data() + body.size(), u);
+        if (r.ec != std::errc()) return bad(str("out of range (a seed is 0 .. 18446744073709551615), got ", text));
+        val.v = u;
+      } else {
+        std::int64_t i = 0;
+        const auto r = std::from_chars(t.data(), t.data() + t.size(), i);
+        if (r.ec != std::errc()) return bad(str("out of range, got ", text));
+        val.v = i;
+      }
+    }
+  }
+  if (std::string p = range_problem(key, val); !p.empty()) return bad(p);
+  return val;
+}
+
+// Reads the fields of a mapping (a job or `defaults`); reports unknown and duplicate keys.
+Fields read_fields(const YAML::Node& map, bool is_defaults, std::int64_t job, Problems& problems) {
+  Fields out;
+  std::map<std::string, std::int64_t> seen;  // key -> line
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node& kn = it->first;
+    const YAML::Mark km = kn.Mark();
+    const std::string where = is_defaults ? "defaults" : "";
+    if (!kn.IsScalar()) {
+      problems.add(job, where, str("a key must be a name, got ", type_name(kn)), km);
+      continue;
+    }
+    const std::string key = kn.Scalar();
+    if (auto [pos, fresh] = seen.emplace(key, km.line + 1); !fresh) {
+      problems.add(job, is_defaults ? "defaults." + key : key, str("given twice (also on line ", pos->second, ")"), km);
+      continue;
+    }
+    if (!contains(kJobKeys, key)) {
+      std::string msg = str("unknown key '", key, "'");
+      if (contains(kTopKeys, key))
+        msg += str(" (", key, " is a top-level key: one per manifest)");
+      else
+        msg += suggestion(key, kJobKeys);
+      problems.add(job, where, msg, km);
+      continue;
+    }
+    if (is_defaults && contains(kPerJobOnly, key)) {
+      problems.add(job, "defaults." + key, "is per job: it cannot be a default", km);
+      continue;
+    }
+    auto v = parse_value(key, it->second, km, is_defaults ? ManifestFieldSource::kDefaults : ManifestFieldSource::kJob,
+                         job, is_defaults ? "defaults." + key : key, problems);
+    if (v) out.emplace(key, std::move(*v));
+  }
+  return out;
+}
+
+// The command line's values as fields, checked once (problems name the flag).
+Fields flag_fields(const JobFieldOverrides& f, Problems& problems) {
+  Fields out;
+  ManifestFieldSource src;
+  src.kind = ManifestFieldSource::kFlag;
+  const auto put = [&](const std::string& key, auto v) {
+    Value val{v, src};
+    if (std::string p = range_problem(key, val); !p.empty())
+      problems.add_flag(key, p);
+    else
+      out.emplace(key, std::move(val));
+  };
+  if (f.negative_prompt) put("negative_prompt", *f.negative_prompt);
+  if (f.format) put("format", *f.format);
+  if (f.preset) put("preset", *f.preset);
+  if (f.seed) put("seed", *f.seed);
+  if (f.steps) put("steps", *f.steps);
+  if (f.height) put("height", *f.height);
+  if (f.width) put("width", *f.width);
+  if (f.frames) put("frames", *f.frames);
+  if (f.fps) put("fps", *f.fps);
+  if (f.crf) put("crf", *f.crf);
+  if (f.guidance) put("guidance", *f.guidance);
+  if (f.flow_shift) put("flow_shift", *f.flow_shift);
+  if (f.scheduler) put("scheduler", std::string(noise_scheduler_name(*f.scheduler)));
+  return out;
+}
+
+// Throws the problems in file order: the command line's first, then those without a line, then by line and column.
+[[noreturn]] void fail(std::vector<ManifestProblem> problems) {
+  const auto rank = [](const ManifestProblem& p) {
+    return std::make_tuple(p.file == "command line" ? 0 : 1, p.line, p.column);
+  };
+  std::stable_sort(problems.begin(), problems.end(),
+                   [&](const ManifestProblem& a, const ManifestProblem& b) { return rank(a) < rank(b); });
+  throw ManifestError(std::move(problems));
+}
+
+std::string resolve(const std::string& base, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute() || base.empty()) return p;
+  return (fs::path(base) / p).lexically_normal().string();
+}
+
+// A path's identity for duplicate checks: absolute, normalised, no trailing separator.
+std::string path_key(const std::string& p) {
+  fs::path a = fs::absolute(fs::path(p)).lexically_normal();
+  if (a.filename().empty() && a.has_parent_path()) a = a.parent_path();
+  return a.string();
+}
+
+const char* format_extension(const std::string& format) {
+  if (format == "ffv1") return ".mkv";
+  if (format == "png") return "";
+  return ".mp4";
+}
+
+// One job as read: its fields and where the entry is.
+struct RawJob {
+  Fields fields;
+  std::int64_t line = -1, column = -1;
+  std::string shown_id;  // an id given but refused: named in messages
+  bool usable = true;  // false: not a job at all (a list, nothing)
+};
+
+Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fields& defaults, const Fields& flags,
+                      std::string model, std::string output_dir, Problems& problems) {
+  Manifest m;
+  m.path = path;
+  m.model = std::move(model);
+  m.output_dir = std::move(output_dir);
+  const std::size_t n = raw.size();
+
+  // Ids: the given ones (checked for duplicates), then the made ones, unique among all.
+  std::vector<std::string> ids(n);
+  std::map<std::string, std::size_t> given;
+  std::vector<bool> duplicate_id(n, false);  // its default output clashes too: not reported twice
+  for (std::size_t i = 0; i < n; ++i) {
+    auto it = raw[i].fields.find("id");
+    if (it == raw[i].fields.end()) continue;
+    const std::string& id = std::get<std::string>(it->second.v);
+    ids[i] = id;
+    if (auto [pos, fresh] = given.emplace(id, i); !fresh) {
+      duplicate_id[i] = true;
+      problems.add(static_cast<std::int64_t>(i), "id", str("'", id, "' is also the id of job ", pos->second),
+                   it->second.src.line, it->second.src.column);
+    }
+  }
+  std::size_t width = 4;
+  for (std::size_t c = n; c >= 10000; c /= 10) ++width;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!ids[i].empty() || raw[i].fields.count("id")) continue;
+    std::string base = std::to_string(i);
+    base = "job-" + std::string(width > base.size() ? width - base.size() : 0, '0') + base;
+    std::string id = base;
+    for (int k = 2; given.count(id); ++k) id = base + "-" + std::to_string(k);
+    given.emplace(id, i);
+    ids[i] = id;
+  }
+  std::vector<std::string> shown = ids;  // in messages: a refused id as written
+  for (std::size_t i = 0; i < n; ++i)
+    if (!raw[i].shown_id.empty()) shown[i] = raw[i].shown_id;
+
+  std::map<std::string, std::size_t> outputs;  // path_key -> job
+  const std::string results = path_key(resolve(m.output_dir, kResultsFileName));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!raw[i].usable) continue;
+    const auto ji = static_cast<std::int64_t>(i);
+    JobSpec job;
+    std::map<std::string, ManifestFieldSource> src;
+    for (const auto& key : kJobKeys) {
+      const Value* v = nullptr;
+      for (const Fields* f : {static_cast<const Fields*>(&raw[i].fields), &flags, &defaults})
+        if (auto it = f->find(key); it != f->end()) {
+          v = &it->second;
+          break;
+        }
+      if (!v) continue;
+      src[key] = v->src;
+      if (key == "prompt") job.prompt = std::get<std::string>(v->v);
+      else if (key == "negative_prompt") job.negative_prompt = std::get<std::string>(v->v);
+      else if (key == "seed") job.seed = std::get<std::uint64_t>(v->v);
+      else if (key == "steps") job.steps = std::get<std::int64_t>(v->v);
+      else if (key == "guidance") job.guidance = std::get<double>(v->v);
+      else if (key == "height") job.height = std::get<std::int64_t>(v->v);
+      else if (key == "width") job.width = std::get<std::int64_t>(v->v);
+      else if (key == "frames") job.frames = std::get<std::int64_t>(v->v);
+      else if (key == "fps") job.fps = std::get<std::int64_t>(v->v);
+      else if (key == "crf") job.crf = std::get<std::int64_t>(v->v);
+      else if (key == "flow_shift") job.flow_shift = std::get<double>(v->v);
+      else if (key == "scheduler") job.scheduler = parse_noise_scheduler_kind(std::get<std::string>(v->v));
+      else if (key == "format") job.format = std::get<std::string>(v->v);
+      else if (key == "preset") job.preset = std::get<std::string>(v->v);
+      else if (key == "output") job.output = std::get<std::string>(v->v);
+    }
+    job.id = ids[i];
+    if (!src.count("seed")) job.seed = default_seed_for_id(job.id);
+    job.output = resolve(m.output_dir, src.count("output") ? job.output : job.id + format_extension(job.format));
+    if (!src.count("output")) {
+      ManifestFieldSource s;  // made from the id: reported at the job's entry
+      s.kind = ManifestFieldSource::kBuiltIn;
+      s.line = raw[i].line;
+      s.column = raw[i].column;
+      src["output"] = s;
+    }
+    const ManifestFieldSource& os = src["output"];
+    const std::string key = path_key(job.output);
+    if (key == results)
+      problems.add(ji, "output", str("'", job.output, "' is the batch's results file"), os.line, os.column);
+    else if (auto [pos, fresh] = outputs.emplace(key, i);
+             !fresh && !(duplicate_id[i] && os.kind == ManifestFieldSource::kBuiltIn))
+      problems.add(ji, "output", str("'", job.output, "' is also the output of job ", pos->second, " (id '",
+                                     shown[pos->second], "')"), os.line, os.column);
+    m.jobs.push_back(std::move(job));
+    m.sources.push_back(std::move(src));
+    m.job_lines.push_back(raw[i].line);
+  }
+  for (auto& p : problems.list)
+    if (p.job_index >= 0 && p.job_index < static_cast<std::int64_t>(n) && p.job_id.empty()) p.job_id = shown[p.job_index];
+  return m;
+}
+
+std::string folder_of(const std::string& path) {
+  const std::string f = fs::path(path).parent_path().string();
+  return f;
+}
+
+void model_and_output_dir(const std::string& folder, const std::optional<std::string>& model_flag,
+                          const std::optional<std::string>& output_dir_flag, const YAML::Node* top,
+                          std::string& model, std::string& output_dir, Problems& problems) {
+  const auto path_key_value = [&](const char* key, std::string& out) {
+    if (!top) return false;
+    const YAML::Node n = (*top)[key];
+    if (!n) return false;
+    YAML::Mark km;
+    for (auto it = top->begin(); it != top->end(); ++it)
+      if (it->first.IsScalar() && it->first.Scalar() == key) km = it->first.Mark();
+    if (!n.IsScalar()) {
+      problems.add(-1, key, str("must be a path (a string), got ", type_name(n)), km);
+      return true;
+    }
+    if (n.Scalar().empty()) {
+      problems.add(-1, key, "is empty", km);
+      return true;
+    }
+    out = resolve(folder, n.Scalar());
+    return true;
+  };
+  std::string from_file;
+  const bool model_in_file = path_key_value("model", from_file);
+  if (model_flag) {
+    model = *model_flag;
+    if (model.empty()) problems.add_flag("model", "is empty");
+  } else if (model_in_file) {
+    model = from_file;
+  } else {
+    problems.add(-1, "model", top ? "missing: give `model: FOLDER` in the manifest or --model FOLDER"
+                                  : "missing: a text manifest takes the model from --model FOLDER");
+  }
+  from_file.clear();
+  const bool out_in_file = path_key_value("output_dir", from_file);
+  if (output_dir_flag) {
+    output_dir = *output_dir_flag;
+    if (output_dir.empty()) problems.add_flag("output_dir", "is empty");
+  } else if (out_in_file) {
+    output_dir = from_file;
+  } else {
+    output_dir = folder.empty() ? "." : folder;
+  }
+}
+
+Manifest load_text(const std::string& path, const std::string& text, const JobFieldOverrides& flags,
+                   const std::optional<std::string>& model_flag, const std::optional<std::string>& output_dir_flag) {
+  Problems problems(path);
+  std::string model, output_dir;
+  model_and_output_dir(folder_of(path), model_flag, output_dir_flag, nullptr, model, output_dir, problems);
+  const Fields ff = flag_fields(flags, problems);
+  std::vector<RawJob> raw;
+  std::istringstream in(text);
+  std::string line;
+  for (std::int64_t no = 1; std::getline(in, line); ++no) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const std::size_t first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line[first] == '#') continue;
+    RawJob job;
+    job.line = no;
+    job.column = 1;
+    const auto ji = static_cast<std::int64_t>(raw.size());
+    std::size_t bad = 0;
+    if (line.find('\0') != std::string::npos)
+      problems.add(ji, "prompt", "holds a NUL byte", no);
+    else if (!valid_utf8(line, &bad))
+      problems.add(ji, "prompt", str("is not valid UTF-8 (byte ", bad, " of the line)"), no, static_cast<std::int64_t>(bad) + 1);
+    Value v;
+    v.v = line;
+    v.src.kind = ManifestFieldSource::kJob;
+    v.src.line = no;
+    v.src.column = 1;
+    job.fields.emplace("prompt", std::move(v));
+    raw.push_back(std::move(job));
+  }
+  if (raw.empty()) problems.add(-1, "", "holds no prompt (empty lines and lines starting with '#' are skipped)");
+  Manifest m = resolve_jobs(path, std::move(raw), {}, ff, model, output_dir, problems);
+  if (!problems.list.empty()) fail(std::move(problems.list));
+  return m;
+}
+
+Manifest load_yaml(const std::string& path, const std::string& text, const JobFieldOverrides& flags,
+                   const std::optional<std::string>& model_flag, const std::optional<std::string>& output_dir_flag) {
+  Problems problems(path);
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    problems.add(-1, "", str("not valid YAML: ", e.msg), e.mark);
+    fail(std::move(problems.list));
+  }
+  if (docs.size() > 1) {
+    problems.add(-1, "", str("holds ", docs.size(), " YAML documents; a manifest is one"), docs[1].Mark());
+    fail(std::move(problems.list));
+  }
+  if (docs.empty() || docs[0].IsNull()) {
+    problems.add(-1, "", "is empty (a manifest has `model`, `output_dir`, `defaults` and `jobs`)");
+    fail(std::move(problems.list));
+  }
+  const YAML::Node& top = docs[0];
+  if (!top.IsMap()) {
+    problems.add(-1, "", str("must be a mapping with the keys model, output_dir, defaults and jobs, got ", type_name(top)),
+                 top.Mark());
+    fail(std::move(problems.list));
+  }
+  // Top-level keys.
+  std::map<std::string, std::int64_t> seen;
+  YAML::Node defaults_node, jobs_node;
+  YAML::Mark defaults_mark, jobs_mark;
+  bool has_jobs = false;
+  for (auto it = top.begin(); it != top.end(); ++it) {
+    const YAML::Mark km = it->first.Mark();
+    if (!it->first.IsScalar()) {
+      problems.add(-1, "", str("a key must be a name, got ", type_name(it->first)), km);
+      continue;
+    }
+    const std::string key = it->first.Scalar();
+    if (auto [pos, fresh] = seen.emplace(key, km.line + 1); !fresh) {
+      problems.add(-1, key, str("given twice (also on line ", pos->second, ")"), km);
+      continue;
+    }
+    if (!contains(kTopKeys, key)) {
+      std::string msg = str("unknown key '", key, "'");
+      msg += contains(kJobKeys, key) ? str(" (", key, " is a job field: put it under `defaults` or in a job)")
+                                     : suggestion(key, kTopKeys);
+      problems.add(-1, "", msg, km);
+      continue;
+    }
+    if (key == "defaults") defaults_node = it->second, defaults_mark = km;
+    if (key == "jobs") jobs_node = it->second, jobs_mark = km, has_jobs = true;
+  }
+  std::string model, output_dir;
+  model_and_output_dir(folder_of(path), model_flag, output_dir_flag, &top, model, output_dir, problems);
+
+  Fields defaults;
+  if (defaults_node && !defaults_node.IsNull()) {
+    if (!defaults_node.IsMap())
+      problems.add(-1, "defaults", str("must be a mapping of job fields, got ", type_name(defaults_node)), defaults_mark);
+    else
+      defaults = read_fields(defaults_node, true, -1, problems);
+  }
+  const Fields ff = flag_fields(flags, problems);
+
+  std::vector<RawJob> raw;
+  if (!has_jobs) {
+    problems.add(-1, "jobs", "missing: a manifest needs `jobs:`, a list of jobs");
+  } else if (jobs_node.IsNull() || (jobs_node.IsSequence() && jobs_node.size() == 0)) {
+    problems.add(-1, "jobs", "is empty: nothing to render", jobs_mark);
+  } else if (!jobs_node.IsSequence()) {
+    problems.add(-1, "jobs", str("must be a list of jobs, got ", type_name(jobs_node)), jobs_mark);
+  } else {
+    for (std::size_t i = 0; i < jobs_node.size(); ++i) {
+      const YAML::Node e = jobs_node[i];
+      const auto ji = static_cast<std::int64_t>(i);
+      RawJob job;
+      if (!e.Mark().is_null()) job.line = e.Mark().line + 1, job.column = e.Mark().column + 1;
+      if (e.IsScalar()) {
+        // A bare string is the prompt, as written.
+        auto v = parse_value("prompt", e, e.Mark(), ManifestFieldSource::kJob, ji, "prompt", problems);
+        if (v) job.fields.emplace("prompt", std::move(*v));
+      } else if (e.IsMap()) {
+        job.fields = read_fields(e, false, ji, problems);
+        if (!job.fields.count("id") && e["id"] && e["id"].IsScalar()) job.shown_id = e["id"].Scalar();
+        bool has_prompt = false;
+        for (auto it = e.begin(); it != e.end(); ++it) has_prompt |= it->first.IsScalar() && it->first.Scalar() == "prompt";
+        if (!has_prompt)
+          problems.add(ji, "prompt", "missing (every job needs one; \"\" is a valid, empty prompt)", e.Mark());
+      } else {
+        job.usable = e.IsNull();
+        problems.add(ji, "", e.IsNull() ? "an empty entry (write - \"\" for an empty prompt)"
+                                        : str("a job must be a mapping of fields or a prompt string, got ", type_name(e)),
+                     e.Mark());
+      }
+      raw.push_back(std::move(job));
+    }
+  }
+  Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, problems);
+  if (!problems.list.empty()) fail(std::move(problems.list));
+  return m;
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+// The nearest existing path at or above `dir` ("." for a relative path with none).
+std::string nearest_existing(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  while (!p.empty() && !exists(p.string())) p = p.parent_path();
+  return p.empty() ? "." : p.string();
+}
+
+// "" when `dir` exists as a writable folder or can be created; else why not.
+std::string folder_problem(const std::string& dir) {
+  const std::string d = dir.empty() ? "." : dir;
+  if (exists(d)) {
+    if (!is_dir(d)) return str("'", d, "' is not a folder");
+    if (::access(d.c_str(), W_OK | X_OK) != 0) return str("folder '", d, "' is not writable");
+    return "";
+  }
+  const std::string up = nearest_existing(d);
+  if (!is_dir(up)) return str("'", d, "' cannot be created: '", up, "' is not a folder");
+  if (::access(up.c_str(), W_OK | X_OK) != 0)
+    return str("folder '", d, "' does not exist and cannot be created: '", up, "' is not writable");
+  return "";
+}
+
+}  // namespace
+
+std::string format_problems(const std::vector<ManifestProblem>& problems) {
+  std::string out;
+  for (const auto& p : problems) {
+    if (!out.empty()) out += "\n";
+    out += p.file.empty() ? "manifest" : p.file;
+    if (p.line > 0) {
+      out += ":" + std::to_string(p.line);
+      if (p.column > 0) out += ":" + std::to_string(p.column);
+    }
+    out += ": ";
+    if (p.job_index >= 0) out += str("job ", p.job_index, " (id '", p.job_id, "'): ");
+    if (!p.field.empty()) {
+      std::string f = p.field;
+      if (f.rfind("defaults.", 0) == 0) f = "defaults: " + f.substr(9);
+      out += f + ": ";
+    }
+    out += p.message;
+  }
+  return out;
+}
+
+ManifestError::ManifestError(std::vector<ManifestProblem> problems)
+    : Error(format_problems(problems)), problems_(std::move(problems)) {}
+
+std::uint64_t default_seed_for_id(const std::string& id) {
+  Sha256 h;
+  h.update(id.data(), id.size());
+  const auto d = h.digest();
+  return (std::uint64_t{d[0]} << 24) | (std::uint64_t{d[1]} << 16) | (std::uint64_t{d[2]} << 8) | std::uint64_t{d[3]};
+}
+
+bool is_safe_job_id(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id[0] == '.' || id[0] == '-') return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+  });
+}
+
+Manifest load_manifest(const std::string& path, const JobFieldOverrides& flags,
+                       const std::optional<std::string>& model_flag, const std::optional<std::string>& output_dir_flag) {
+  const std::string text = with_context(str("manifest '", path, "'"), [&] {
+    check_regular_file(path);
+    return read_file(path);
+  });
+  std::string ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext == ".txt") return load_text(path, text, flags, model_flag, output_dir_flag);
+  return load_yaml(path, text, flags, model_flag, output_dir_flag);
+}
+
+std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const ModelInfo& model,
+                                            const std::function<void(const JobSpec&)>& check_output) {
+  std::vector<ManifestProblem> out;
+  std::set<std::string> reported;  // a default's or a flag's problem, once
+  for (std::size_t i = 0; i < manifest.jobs.size(); ++i) {
+    const JobSpec& job = manifest.jobs[i];
+    const auto ji = static_cast<std::int64_t>(i);
+    const std::int64_t entry_line = i < manifest.job_lines.size() ? manifest.job_lines[i] : -1;
+    const auto source = [&](const std::string& field) {
+      ManifestFieldSource s;
+      if (i < manifest.sources.size())
+        if (auto it = manifest.sources[i].find(field); it != manifest.sources[i].end()) s = it->second;
+      return s;
+    };
+    for (const FieldError& fe : validate_job(job, model)) {
+      const ManifestFieldSource s = source(fe.field);
+      if (s.kind == ManifestFieldSource::kDefaults) {
+        if (reported.insert("defaults." + fe.field + "\n" + fe.message).second)
+          out.push_back({manifest.path, -1, "", "defaults." + fe.field, fe.message, s.line, s.column});
+      } else if (s.kind == ManifestFieldSource::kFlag) {
+        if (reported.insert(flag_name(fe.field) + "\n" + fe.message).second)
+          out.push_back({"command line", -1, "", flag_name(fe.field), fe.message});
+      } else {
+        const bool at_key = s.kind == ManifestFieldSource::kJob;
+        out.push_back({manifest.path, ji, job.id, fe.field, fe.message, at_key ? s.line : entry_line,
+                       at_key ? s.column : -1});
+      }
+    }
+  }
+  const std::string od_problem = folder_problem(manifest.output_dir);
+  if (!od_problem.empty()) out.push_back({manifest.path, -1, "", "output_dir", od_problem});
+  for (std::size_t i = 0; i < manifest.jobs.size(); ++i) {
+    const JobSpec& job = manifest.jobs[i];
+    const auto ji = static_cast<std::int64_t>(i);
+    ManifestFieldSource s;
+    if (i < manifest.sources.size())
+      if (auto it = manifest.sources[i].find("output"); it != manifest.sources[i].end()) s = it->second;
+    const std::string dir = fs::path(job.output).parent_path().string();
+    const std::string d = dir.empty() ? "." : dir;
+    const bool in_output_dir =
+        fs::path(d).lexically_normal() == fs::path(manifest.output_dir.empty() ? "." : manifest.output_dir).lexically_normal();
+    if (in_output_dir && !od_problem.empty()) continue;  // reported once, above
+    if (!in_output_dir)
+      if (std::string p = folder_problem(d); !p.empty()) {
+        out.push_back({manifest.path, ji, job.id, "output", p, s.line, s.column});
+        continue;
+      }
+    if (!check_output) continue;
+    JobSpec probe = job;
+    if (!is_dir(d))  // the folder is created by the run: check the rest in the nearest existing one
+      probe.output = (fs::path(nearest_existing(d)) / (".dlo-check-" + fs::path(job.output).filename().string())).string();
+    try {
+      check_output(probe);
+    } catch (const Error& e) {
+      out.push_back({manifest.path, ji, job.id, "output", e.what(), s.line, s.column});
+    }
+  }
+  return out;
+}
+
+void create_output_folders(const Manifest& manifest) {
+  std::set<std::string> dirs = {manifest.output_dir.empty() ? "." : manifest.output_dir};
+  for (const auto& job : manifest.jobs) {
+    const std::string d = fs::path(job.output).parent_path().string();
+    if (!d.empty()) dirs.insert(d);
+  }
+  for (const auto& d : dirs) {
+    std::error_code ec;
+    fs::create_directories(d, ec);
+    DLO_CHECK(!ec && is_dir(d), "cannot create the output folder '", d, "': ", ec ? ec.message() : "not a folder");
+  }
+}
+
+}  // namespace dlo
