@@ -110,10 +110,14 @@ WanVaeConfig WanVaeConfig::from_json(const JsonConfig& j) {
       s *= 2;
       if (c.temperal_downsample[i]) t *= 2;
     }
-    if (j.has("scale_factor_temporal") && c.scale_factor_temporal != t)
+    if (j.has("scale_factor_temporal") && c.scale_factor_temporal != t) {
+      std::string td = "[";
+      for (std::size_t i = 0; i < c.temperal_downsample.size(); ++i)
+        td += std::string(i ? ", " : "") + (c.temperal_downsample[i] ? "true" : "false");
       c.warnings.push_back(str(f, ": field 'scale_factor_temporal' is ", c.scale_factor_temporal,
-                               ", but temperal_downsample ", j.dump("temperal_downsample"), " gives ", t,
+                               ", but temperal_downsample ", td, "] gives ", t,
                                "; decoding follows temperal_downsample (as the weights do)"));
+    }
     c.scale_factor_temporal = t;
     // A disagreeing scale_factor_spatial stays refused by validate(): the pipeline sizes the
     // latents by it, so it would render at the wrong size.
