@@ -307,6 +307,8 @@ TEST_CASE("each problem's message names the file, the line, the job (index and i
   // A given output equal to another job's default one.
   CHECK(one_problem(d, h + "  - {prompt: a, output: job-0001.mp4}\n  - b\n") ==
         "m.yaml:4:5: job 1 (id 'job-0001'): output: 'job-0001.mp4' is also the output of job 0 (id 'job-0000')");
+  CHECK(one_problem(d, h + "  - {prompt: a, id: a, format: png}\n  - {prompt: b, output: a/b.mp4}\n") ==
+        "m.yaml:4:17: job 1 (id 'job-0001'): output: 'a/b.mp4' is inside the PNG folder of job a ('a')");
   CHECK(one_problem(d, h + "  - {prompt: a, output: results.jsonl}\n") ==
         "m.yaml:3:17: job 0 (id 'job-0000'): output: 'results.jsonl' is the batch's results file");
   // Command-line values are checked once, named by their flag.

@@ -438,6 +438,21 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
     m.sources.push_back(std::move(src));
     m.job_lines.push_back(raw[i].line);
   }
+  // An output inside another job's PNG folder (the PNG writer replaces that folder whole).
+  std::map<std::string, std::size_t> png_folders;  // path_key -> index into m.jobs
+  for (std::size_t k = 0; k < m.jobs.size(); ++k)
+    if (m.jobs[k].format == "png") png_folders.emplace(path_key(m.jobs[k].output), k);
+  for (std::size_t k = 0; k < m.jobs.size() && !png_folders.empty(); ++k) {
+    for (fs::path p = fs::path(path_key(m.jobs[k].output)).parent_path(); p.has_relative_path(); p = p.parent_path()) {
+      auto it = png_folders.find(p.string());
+      if (it == png_folders.end()) continue;
+      const ManifestFieldSource& os = m.sources[k].at("output");
+      const JobSpec& other = m.jobs[it->second];
+      problems.add(static_cast<std::int64_t>(k), "output", str("'", m.jobs[k].output, "' is inside the PNG folder of job ",
+                                                              other.id, " ('", other.output, "')"), os.line, os.column);
+      break;
+    }
+  }
   for (auto& p : problems.list)
     if (p.job_index >= 0 && p.job_index < static_cast<std::int64_t>(n) && p.job_id.empty()) p.job_id = shown[p.job_index];
   return m;
