@@ -63,8 +63,13 @@ TEST_CASE("config.json errors name the file and the field") {
                  "field 'temperal_downsample' has 2 entries; dim_mult [1, 2, 4, 4] needs 3"));
   CHECK(contains(config_error(R"({"temperal_downsample": [0, 1, 1]})"),
                  "field 'temperal_downsample' must be a list of true/false, got [0,1,1]"));
-  CHECK(contains(config_error(R"({"scale_factor_temporal": 8})"),
-                 "field 'scale_factor_temporal' is 8, but temperal_downsample gives 4"));
+  {  // diffusers decodes such a config (the weights follow temperal_downsample): followed, with a warning
+    auto w = WanVaeConfig::from_json(JsonConfig::parse(R"({"scale_factor_temporal": 8})", "vae/config.json"));
+    CHECK(w.scale_factor_temporal == 4);
+    REQUIRE(w.warnings.size() == 1);
+    CHECK(contains(w.warnings[0],
+                   "field 'scale_factor_temporal' is 8, but temperal_downsample [false, true, true] gives 4"));
+  }
   CHECK(contains(config_error(R"({"dim_mult": [1, 2, 4]})"), "'temperal_downsample' has 3 entries"));
   CHECK(contains(config_error(R"({"dim_mult": [1, 2, 4], "temperal_downsample": [true, true], "scale_factor_spatial": 8})"),
                  "field 'scale_factor_spatial' is 8, but dim_mult (2 spatial up/downsamplings) gives 4"));
