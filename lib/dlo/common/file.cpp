@@ -1,11 +1,14 @@
 #include "dlo/common/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <dirent.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <vector>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -188,6 +191,30 @@ void AtomicFile::commit() {
             "': ", std::strerror(errno));
   committed_ = true;
   sync_folder(dir_of(path_));
+}
+
+int remove_stale_temporaries(const std::string& final_path) {
+  const std::string dir = dir_of(final_path);
+  const std::string prefix = "." + base_of(final_path) + ".tmp-" + host_name() + "-";
+  int removed = 0;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // "<pid>-<n>"
+    const auto dash = rest.find('-');
+    if (dash == std::string::npos || dash == 0 || rest.find_first_not_of("0123456789-") != std::string::npos) continue;
+    const long pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) stale.push_back(dir + "/" + name);
+  }
+  ::closedir(d);
+  for (const auto& p : stale) {
+    std::error_code ec;
+    if (std::filesystem::remove_all(p, ec) > 0 && !ec) ++removed;
+  }
+  return removed;
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {

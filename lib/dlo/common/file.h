@@ -83,6 +83,11 @@ class AtomicFile {
 // (".<name>.tmp-<host>-<pid>-<n>"). For outputs that are folders (a PNG sequence).
 std::string unique_temp_name(const std::string& final_path);
 
+// Removes the temporaries that writers of `final_path` on this host left when they were killed
+// (".<name>.tmp-<host>-<pid>-<n>" whose process no longer runs; files or folders). Temporaries of
+// live processes and of other hosts are left alone. Returns how many were removed. Never throws.
+int remove_stale_temporaries(const std::string& final_path);
+
 // AtomicFile(path), write(data), commit().
 void write_file_atomic(const std::string& path, std::string_view data);
 

@@ -4,6 +4,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cctype>
@@ -495,6 +498,12 @@ struct VideoWriter::Impl {
   FramePtr frame;
   PacketPtr pkt;
   SwsPtr sws;
+  // MP4: each RGB frame is copied here first. swscale picks its code path (and so its rounding)
+  // by the source's alignment, so frames straight from the caller's buffer could convert to
+  // different YUV (and encode differently) from one run to the next; from this 64-byte aligned
+  // buffer they always convert the same.
+  std::unique_ptr<std::uint8_t, decltype(&av_free)> rgb_stage{nullptr, &av_free};
+  int rgb_stage_line = 0;
 
   Impl(const std::string& path_in, int w, int h, const VideoOptions& o)
       : options(o), spec(spec_of(o.format)), width(w), height(h) {
@@ -639,8 +648,14 @@ struct VideoWriter::Impl {
     const std::size_t row = static_cast<std::size_t>(width) * 3;
     switch (options.format) {
       case VideoFormat::kMp4: {
-        const std::uint8_t* src[4] = {rgb, nullptr, nullptr, nullptr};
-        const int src_lines[4] = {static_cast<int>(row), 0, 0, 0};
+        if (!rgb_stage) {
+          rgb_stage_line = static_cast<int>((row + 63) / 64 * 64);
+          rgb_stage.reset(static_cast<std::uint8_t*>(av_malloc(static_cast<std::size_t>(rgb_stage_line) * height + 64)));
+          DLO_CHECK(rgb_stage != nullptr, "'", path, "': out of memory");
+        }
+        for (int y = 0; y < height; ++y) std::memcpy(rgb_stage.get() + y * rgb_stage_line, rgb + y * row, row);
+        const std::uint8_t* src[4] = {rgb_stage.get(), nullptr, nullptr, nullptr};
+        const int src_lines[4] = {rgb_stage_line, 0, 0, 0};
         ret = sws_scale(sws.get(), src, src_lines, 0, height, frame->data, frame->linesize);
         DLO_CHECK(ret == height, "'", path, "': converting frame ", frames, " to yuv420p failed");
         break;
@@ -738,16 +753,47 @@ struct VideoWriter::Impl {
   }
 };
 
+namespace {
+
+// The encoders' floating-point arithmetic (x264's rate control, its threads, created when the
+// encoder opens) runs with the default SSE control state. A calling thread may have other
+// settings (flush-to-zero, denormals-are-zero, left by math libraries), and the bytes of a video
+// would then depend on which thread wrote it and what that thread ran before.
+class DefaultFloatState {
+ public:
+#if defined(__SSE__)
+  DefaultFloatState() : saved_(_mm_getcsr()) { _mm_setcsr(0x1F80); }
+  ~DefaultFloatState() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
+}  // namespace
+
 VideoWriter::VideoWriter(const std::string& path, int width, int height, const VideoOptions& options)
-    : impl_(std::make_unique<Impl>(path, width, height, options)) {}
+    : impl_([&] {
+        DefaultFloatState fp;
+        return std::make_unique<Impl>(path, width, height, options);
+      }()) {}
 
-VideoWriter::~VideoWriter() = default;
+VideoWriter::~VideoWriter() {
+  DefaultFloatState fp;
+  impl_.reset();
+}
 
-void VideoWriter::add_frame(const std::uint8_t* rgb) { impl_->add_frame(rgb); }
+void VideoWriter::add_frame(const std::uint8_t* rgb) {
+  DefaultFloatState fp;
+  impl_->add_frame(rgb);
+}
 
 std::int64_t VideoWriter::frames() const { return impl_->frames; }
 
-void VideoWriter::finish() { impl_->finish(); }
+void VideoWriter::finish() {
+  DefaultFloatState fp;
+  impl_->finish();
+}
 
 const std::string& VideoWriter::path() const { return impl_->path; }
 

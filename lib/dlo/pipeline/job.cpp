@@ -122,6 +122,51 @@ std::string job_parameters_json(const JobSpec& job, const ModelInfo& info) {
   return j.dump();
 }
 
+std::string jobs_to_json(const std::vector<JobSpec>& jobs) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& j : jobs) {
+    nlohmann::json o = {{"id", j.id},         {"prompt", j.prompt}, {"negative_prompt", j.negative_prompt},
+                        {"seed", j.seed},     {"steps", j.steps},   {"guidance", j.guidance},
+                        {"height", j.height}, {"width", j.width},   {"frames", j.frames},
+                        {"output", j.output}, {"format", j.format}, {"fps", j.fps},
+                        {"crf", j.crf},       {"preset", j.preset}, {"save_latents", j.save_latents}};
+    o["scheduler"] = j.scheduler ? nlohmann::json(noise_scheduler_name(*j.scheduler)) : nlohmann::json(nullptr);
+    o["flow_shift"] = j.flow_shift ? nlohmann::json(*j.flow_shift) : nlohmann::json(nullptr);
+    arr.push_back(std::move(o));
+  }
+  return arr.dump();
+}
+
+std::vector<JobSpec> jobs_from_json(const std::string& text) {
+  try {
+    std::vector<JobSpec> jobs;
+    for (const auto& o : nlohmann::json::parse(text)) {
+      JobSpec j;
+      j.id = o.at("id");
+      j.prompt = o.at("prompt");
+      j.negative_prompt = o.at("negative_prompt");
+      j.seed = o.at("seed");
+      j.steps = o.at("steps");
+      j.guidance = o.at("guidance");
+      j.height = o.at("height");
+      j.width = o.at("width");
+      j.frames = o.at("frames");
+      j.output = o.at("output");
+      j.format = o.at("format");
+      j.fps = o.at("fps");
+      j.crf = o.at("crf");
+      j.preset = o.at("preset");
+      j.save_latents = o.at("save_latents");
+      if (!o.at("scheduler").is_null()) j.scheduler = parse_noise_scheduler_kind(o.at("scheduler"));
+      if (!o.at("flow_shift").is_null()) j.flow_shift = o.at("flow_shift").get<double>();
+      jobs.push_back(std::move(j));
+    }
+    return jobs;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str("a job list that is not valid JSON: ", e.what()));
+  }
+}
+
 std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
   const NoiseSchedulerConfig s = job_scheduler_config(job, info);
   return str("prompt: ", job.prompt, "; negative prompt: ", job.guided() ? job.negative_prompt : "(none: no guidance)",

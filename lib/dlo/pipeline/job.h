@@ -83,6 +83,11 @@ NoiseSchedulerConfig job_scheduler_config(const JobSpec& job, const ModelInfo& i
 std::string job_parameters_json(const JobSpec& job, const ModelInfo& info);
 std::string job_parameters_text(const JobSpec& job, const ModelInfo& info);
 
+// Jobs as JSON (every field), to share a plan between ranks, and back. jobs_from_json throws
+// dlo::Error for text that is not such a list.
+std::string jobs_to_json(const std::vector<JobSpec>& jobs);
+std::vector<JobSpec> jobs_from_json(const std::string& text);
+
 // dlo's version ("0.1.0").
 const char* dlo_version();
 
