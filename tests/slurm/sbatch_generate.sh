@@ -48,25 +48,25 @@ slurm_cluster_start 4 || { echo "FAIL: the test cluster did not start"; exit 1; 
 W=$SLURM_CLUSTER_DIR/work
 mkdir -p "$W"
 
-# ---- the program under test (dlo-forward today; the lead swaps in dlo-generate --jobs) ----------
+# ---- the program under test: dlo-generate --jobs ------------------------------------------------
 "$BIN_DIR/dlo-checkpoint" make "$W/M" --preset wan-test --layers 2 --in-channels 16 --out-channels 16 >"$W/make.log" 2>&1 \
   || { cat "$W/make.log"; echo "FAIL: dlo-checkpoint make"; exit 1; }
-PROGRAM=$BIN_DIR/dlo-forward
-# shellcheck disable=SC2054  # commas inside an argument
-COMMON=(--model "$W/M" --component transformer --offload dlo --random-inputs 3,16,16,24 --guidance --threads 1)
-RUN_ARGS=("${COMMON[@]}" --passes 3 --out "$W/run/out.safetensors" --report "$W/run/report.json")
-# Runs far longer than the test (about 2 ms a pass here): only the signal ends it.
-LONG_ARGS=("${COMMON[@]}" --passes 100000000 --out "$W/long/out.safetensors")
-# How srun must report every rank's end after SIGTERM in case 2: dlo-forward dies of the signal
-# ("Terminated"); dlo-generate stops at a pass boundary and exits 143 (set this to
-# "Exited with exit code 143" together with READY_REGEX once it handles SIGTERM).
-SIGNAL_OUTCOME=${SIGNAL_OUTCOME:-Terminated|Exited with exit code 143}
-# A line in the job log that shows the ranks are past start-up (handler installed); empty: the
-# processes existing is enough (dlo-forward has no handler and prints nothing before the end).
-READY_REGEX=${READY_REGEX:-}
-# Case 1's outputs: the file exists and the report has ranks 0 and 1 of a world of 2.
+PROGRAM=$BIN_DIR/dlo-generate
+{ echo "model: M"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 2}"; echo "jobs:"
+  for i in 0 1 2; do echo "  - {id: r$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$W/run.yaml"
+# Runs far longer than the test: only the signal ends it.
+{ echo "model: M"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 200}"; echo "jobs:"
+  for i in $(seq 0 99); do echo "  - {id: l$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$W/long.yaml"
+RUN_ARGS=(--jobs "$W/run.yaml" --output-dir "$W/run" --offload dlo --threads 1 --report "$W/run/report.json")
+LONG_ARGS=(--jobs "$W/long.yaml" --output-dir "$W/long" --offload dlo --threads 1)
+# dlo-generate stops at a pass boundary on SIGTERM and exits 143 on every rank.
+SIGNAL_OUTCOME=${SIGNAL_OUTCOME:-Exited with exit code 143}
+# The first progress line: the ranks are past start-up (signal handlers installed).
+READY_REGEX=${READY_REGEX:-jobs [0-9]+ done}
+# Case 1's outputs: 3 videos, 3 ok results, and the report has ranks 0 and 1 of a world of 2.
 check_run() {
-  [ -s "$W/run/out.safetensors" ] || { fail "case 1: no output file $W/run/out.safetensors"; return; }
+  [ "$(grep -c '"status":"ok"' "$W/run/results.jsonl" 2>/dev/null)" = 3 ] && [ -s "$W/run/r2.mp4" ] \
+    || { fail "case 1: not 3 videos and 3 ok results in $W/run"; return; }
   "$PYTHON3" - "$W/run/report.json" <<'EOF' || fail "case 1: the report does not show ranks 0 and 1 of one world of 2"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -75,6 +75,7 @@ print("report:", r["choice"], "| ranks", ranks, "| local ranks", sorted(x["local
 assert ranks == [0, 1], ranks
 assert "2 rank(s)" in r["choice"], r["choice"]
 assert sorted(x["local_rank"] for x in r["ranks"]) == [0, 1]
+assert sorted(set(j["rank"] for j in r["jobs"])) == [0, 1], "both ranks rendered"
 EOF
 }
 # -------------------------------------------------------------------------------------------------
@@ -157,7 +158,10 @@ all_ranks_ended_by "$JOB_LOG" "$SIGNAL_OUTCOME" \
   || fail "case 2: srun does not report ranks 0 and 1 ended by SIGTERM ($SIGNAL_OUTCOME)"
 grep -q "stopped by SIGTERM" "$JOB_LOG" || fail "case 2: the script did not report the stop"
 [ "$STATE" = FAILED ] && [ "$EXIT" = 143:0 ] || fail "case 2: job $J ended $STATE with exit code $EXIT (want FAILED 143:0)"
-[ ! -e "$W/long/out.safetensors" ] || fail "case 2: an output under its final name after the stop"
+for f in "$W"/long/*.mp4; do  # every video under a final name is a finished, recorded job
+  [ -e "$f" ] || continue
+  grep -q "\"output\":\"$f\"" "$W/long/results.jsonl" || fail "case 2: $f is not a recorded job"
+done
 
 # ---- case 3: DLO_MAX_REQUEUES=1 requeues a stopped job once -------------------------------------
 t=$(date +%s%N)

@@ -489,6 +489,7 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   const ProcessMemory end = read_process_memory();
   json mine = {{"rank", me},
                {"host", world.host()},
+               {"local_rank", world.local_rank()},
                {"device", device.str()},
                {"strategy", es.strategy},
                {"traversals", traversals},
