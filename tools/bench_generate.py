@@ -4,7 +4,8 @@
 Reports, each as the median of --repeat runs with the spread (min-max):
   * wall time of the whole job: dlo-generate's process (start, load, text, denoise, decode, write)
     vs diffusers (from_pretrained + the pipeline call + export), same threads; and the ratio;
-  * the share of dlo's wall time in text encoding, denoising and decoding + writing, at 1 and 2
+  * the share of dlo's wall time in text encoding, denoising, decoding + writing (and of that,
+    the writing: H.264 encoding), at 1 and 2
     ranks (2 ranks: --offload dlo, rank 0 renders, rank 1 holds half of each block);
   * dlo's peak RSS of the rendering rank vs the bytes of the weights the job reads.
 
@@ -41,7 +42,7 @@ def run_dlo(args, model, ranks, tmp):
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks)] + cmd + ["--offload", "dlo"]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     with open(report) as f:
         job = json.load(f)["jobs"][0]
@@ -97,14 +98,14 @@ def main():
             for ranks in (1, 2):
                 wall, job = run_dlo(args, model, ranks, tmp)
                 walls[ranks].append(wall)
-                shares[ranks].append({k: job[k] / wall for k in ("text_s", "denoise_s", "decode_s")})
+                shares[ranks].append({k: job["timings"][k] / wall for k in ("text_s", "denoise_s", "decode_s", "encode_s")})
                 if ranks == 1:
-                    rss.append(job["rss_peak_kb"] * 1024)
+                    rss.append(job["memory"]["rss_peak_kb"] * 1024)
         out["diffusers_wall_s"] = spread(ref)
         for ranks in (1, 2):
             out[f"dlo_{ranks}rank_wall_s"] = spread(walls[ranks])
             out[f"dlo_{ranks}rank_share"] = {k: statistics.median(s[k] for s in shares[ranks])
-                                             for k in ("text_s", "denoise_s", "decode_s")}
+                                             for k in ("text_s", "denoise_s", "decode_s", "encode_s")}
         out["ratio_dlo_1rank_over_diffusers"] = spread([a / b for a, b in zip(walls[1], ref)])
         out["peak_rss_over_weights"] = spread([r / weights for r in rss])
     text = json.dumps(out, indent=2)

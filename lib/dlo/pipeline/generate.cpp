@@ -260,7 +260,8 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   c10::Device device = c10::kCPU;
   std::optional<WanTransformer> transformer;
   std::unique_ptr<WanOffloadRunner> runner;
-  Worker worker;
+  // Two workers, so a decode (seconds) never holds up the next job's prompts (a fraction of that).
+  Worker text_worker, decode_worker;
   std::unique_ptr<Work> current, next;
   auto assign = [&](std::int64_t index) {
     auto w = std::make_unique<Work>();
@@ -273,7 +274,7 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
     w->result.parameters_json = job_parameters_json(*w->job, model);
     w->result.fingerprint = job_fingerprint(*w->job, model, dtypes);
     Work* raw = w.get();
-    worker.post([raw, &worker, &model, &o, device] { prepare(*raw, worker, model, o, device); });
+    text_worker.post([raw, &text_worker, &model, &o, device] { prepare(*raw, text_worker, model, o, device); });
     return w;
   };
   try {
@@ -294,7 +295,7 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   if (me < total) {
     phase("text");
     next = assign(me);
-    worker.drain();
+    text_worker.drain();
   }
   (void)agree_wave(world, 0, runner->plan().fingerprint());  // same block layout everywhere
 
@@ -364,7 +365,7 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   };
   for (std::int64_t pass = 0;; ++pass) {
     // This rank's state at the boundary.
-    for (auto& r : worker.take_results()) record(std::move(r));
+    for (auto& r : decode_worker.take_results()) record(std::move(r));
     if (!current && next && next->ready.load(std::memory_order_acquire)) {
       current = std::move(next);
       text_est_s = current->result.text_s;
@@ -373,11 +374,13 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
         current.reset();
       }
     }
-    // Ask for the next job early enough that its prompts are encoded when this one ends.
+    // Ask for the next job early enough that its prompts are encoded when this one ends: at once
+    // while more jobs wait than there are ranks; near the end only when this job is about to end,
+    // so the last jobs go to whichever rank frees up first.
     const bool wants =
-        !next && (!current || (step_est_s > 0
-                                   ? static_cast<double>(current->steps_left()) * step_est_s <= text_est_s + step_est_s
-                                   : current->steps_left() <= 1));
+        !next && (!current || total - next_job > ranks ||
+                  (step_est_s > 0 ? static_cast<double>(current->steps_left()) * step_est_s <= text_est_s + step_est_s
+                                  : current->steps_left() <= 1));
     std::vector<std::int64_t> status(kFields, 0);
     status[kWants] = wants;
     status[kStop] = cb.stop_requested && cb.stop_requested();
@@ -390,9 +393,10 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
     sync_s += since(s0);
     auto at = [&](int r, Field f) { return all[static_cast<std::size_t>(r) * kFields + f]; };
 
-    bool any_results = false, stop = false, busy = false;
+    bool any_results = false, stop = false, busy = false, anyone_computes = false;
     for (int r = 0; r < ranks; ++r) {
       any_results |= at(r, kResults) > 0;
+      anyone_computes |= at(r, kJob) >= 0;
       stop |= at(r, kStop) != 0;
       busy |= at(r, kBusy) != 0;
       rank_job[static_cast<std::size_t>(r)] = at(r, kJob);
@@ -423,6 +427,16 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
         ev.eta_s = steps_left * step_est_s / ranks;
       }
       cb.on_progress(ev);
+    }
+
+    if (!anyone_computes) {
+      // Every rank waits for its next job's prompts: no traversal (it would stream weights for
+      // nothing); wait a little for this rank's worker, then meet again.
+      const auto until = Clock::now() + std::chrono::milliseconds(20);
+      while (next && !next->ready.load(std::memory_order_acquire) && Clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (!next) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
     }
 
     // One traversal: a step of this rank's job, or a ghost pass.
@@ -465,10 +479,10 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
     if (cb.on_step) cb.on_step({current->job->id, current->index, current->steps_done, current->job->steps, s});
     if (current->steps_left() == 0) {
       Work* raw = current.release();
-      worker.post([raw, &worker, &model, &o, &cb] {
+      decode_worker.post([raw, &decode_worker, &model, &o, &cb] {
         std::unique_ptr<Work> w(raw);
-        finish(*w, worker, model, o, cb);
-        worker.push_result(std::move(w->result));
+        finish(*w, decode_worker, model, o, cb);
+        decode_worker.push_result(std::move(w->result));
       });
     }
   }
@@ -480,8 +494,9 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   // What the worker still holds: decodes finish (their latents are complete); after a stop, a
   // job being denoised or prepared is left for the rerun.
   phase("decode");
-  worker.drain();
-  for (auto& r : worker.take_results()) record(std::move(r));
+  text_worker.drain();
+  decode_worker.drain();
+  for (auto& r : decode_worker.take_results()) record(std::move(r));
   current.reset();
   next.reset();
   collect("collecting the last results");

@@ -9,8 +9,8 @@
 // differ in steps, size, frames and guidance. A rank with nothing to compute joins the gathers
 // without computing (a ghost pass) so no collective is left waiting.
 //
-// Each rank has one worker thread beside the wave: it encodes the next job's prompts while the
-// current job denoises, and decodes + writes a finished job while the next one denoises, so the
+// Each rank has two worker threads beside the wave: one encodes the next job's prompts while the
+// current job denoises, the other decodes + writes a finished job while the next one denoises, so the
 // ranks do not wait for each other's text encoding or decoding. The first job's prompts are
 // encoded before the engine allocates its slots; the engine is freed before the last decodes.
 //
