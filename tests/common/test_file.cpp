@@ -86,7 +86,7 @@ TEST_CASE("temporary names are unique per call and carry the process id") {
   CHECK(slurp(dir.file("o")) == "second");
 }
 
-TEST_CASE("outputs: devices, FIFOs and folders are refused; symbolic links are followed") {
+TEST_CASE("outputs: devices, FIFOs and folders are refused, and symbolic links are followed") {
   TempDir dir;
   CHECK(contains(error_of([] { dlo::resolve_output_path("/dev/null"); }), "'/dev/null' is a character device"));
   CHECK(contains(error_of([] { dlo::check_output_path("/dev/null"); }), "outputs are written only to regular files"));
@@ -140,7 +140,7 @@ TEST_CASE("inputs: a FIFO is refused at once, without waiting for a writer") {
   CHECK(dlo::read_file(dir.file("ok")) == std::string("a\0b", 3));
 }
 
-TEST_CASE("settings: durations are parsed strictly; thread counts are bounded by the cores") {
+TEST_CASE("settings: durations are parsed strictly, and thread counts are bounded by the cores") {
   CHECK(dlo::parse_seconds_setting(nullptr, "DLO_GATHER_TIMEOUT_S", 600) == 600);
   CHECK(dlo::parse_seconds_setting("30", "DLO_GATHER_TIMEOUT_S", 600) == 30);
   CHECK(dlo::parse_seconds_setting("2.5", "DLO_GATHER_TIMEOUT_S", 600) == 2.5);

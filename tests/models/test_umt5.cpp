@@ -74,7 +74,7 @@ TEST_CASE("feed_forward_proj is read as transformers reads it") {
   CHECK(c.dense_act_fn() == "gelu");  // exact (erf) GELU, unlike "gated-gelu"
 }
 
-TEST_CASE("config round-trips through config.json; umt5-xxl has the published size") {
+TEST_CASE("config round-trips through config.json, and umt5-xxl has the published size") {
   for (const auto& name : Umt5Config::preset_names()) {
     CAPTURE(name);
     const auto c = Umt5Config::preset(name);
@@ -276,7 +276,7 @@ TEST_CASE("streaming blocks through begin/umt5_block_forward/end equals forward(
   CHECK(s.seq_lens == std::vector<std::int64_t>{5, 7});
 }
 
-TEST_CASE("compact mode: the blocks see only the real tokens; same embedding up to rounding, same shape") {
+TEST_CASE("compact mode: the blocks see only the real tokens, and same embedding up to rounding, same shape") {
   TempDir dir;
   const auto c = small_config();
   write_random_umt5_encoder(dir.file("te"), c, DType::F32, 5, 0);

@@ -51,7 +51,7 @@ TEST_CASE("config.json errors name the file and the field") {
   CHECK(config_error(R"({"image_dim": null, "added_kv_proj_dim": null, "pos_embed_seq_len": null})") == "(no error)");
 }
 
-TEST_CASE("config round-trips through the diffusers config.json text; presets have the published sizes") {
+TEST_CASE("config round-trips through the diffusers config.json text, and presets have the published sizes") {
   for (const auto& name : WanTransformerConfig::preset_names()) {
     CAPTURE(name);
     const auto c = WanTransformerConfig::preset(name);

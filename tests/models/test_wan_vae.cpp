@@ -89,7 +89,7 @@ TEST_CASE("config.json errors name the file and the field") {
                          "scale_factor_temporal": null})") == "(no error)");
 }
 
-TEST_CASE("the Wan2.1 VAE's own config.json reads as the wan2.1-vae preset; presets round-trip") {
+TEST_CASE("the Wan2.1 VAE's own config.json reads as the wan2.1-vae preset, and presets round-trip") {
   // vae/config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (written by diffusers 0.33, before the
   // scale_factor_* and Wan2.2 fields existed).
   const std::string hub = R"({
