@@ -157,7 +157,7 @@ struct Plan {
 };
 
 // Rank 0: the batch's manifest, checks and resume. Throws dlo::Error (ManifestError) for bad input.
-Plan batch_plan(const cxxopts::ParseResult& a, bool force, const std::string& dtypes) {
+Plan batch_plan(const cxxopts::ParseResult& a, bool force, const std::string& dtypes, bool dry_run) {
   std::optional<std::string> model_flag, out_flag;
   if (a.count("model")) model_flag = a["model"].as<std::string>();
   if (a.count("output-dir")) out_flag = a["output-dir"].as<std::string>();
@@ -195,6 +195,7 @@ Plan batch_plan(const cxxopts::ParseResult& a, bool force, const std::string& dt
     p.jobs.push_back(j);
   }
   if (!problems.empty()) throw dlo::ManifestError(std::move(problems));
+  if (dry_run) return p;  // writes nothing
   dlo::create_output_folders(m);
   for (const auto& j : m.jobs) dlo::remove_stale_temporaries(j.output);  // left by a killed run
   return p;
@@ -297,7 +298,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     DLO_CHECK(!(batch && args.count("prompt")), "give --prompt or --jobs, not both");
     if (world.rank() == 0) {
       if (batch) {
-        plan = batch_plan(args, force, dlo::dtypes_label(go));
+        plan = batch_plan(args, force, dlo::dtypes_label(go), args.count("dry-run") > 0);
       } else {
         DLO_CHECK(args.count("model"), "missing --model DIR");
         DLO_CHECK(!args.count("output-dir") && !args.count("dry-run") && !force,

@@ -47,6 +47,14 @@ grep -qF "unknown key 'step' (did you mean 'steps'?)" "$T/stderr" || fail "bad m
 [ ! -e "$T/out" ] || fail "bad manifest wrote $T/out"
 echo "ok: a bad manifest exits 2 with its problems and writes nothing"
 
+# --dry-run: the plan, which rank starts which job, a memory estimate; nothing rendered or written.
+mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --dry-run >"$T/plan.txt"
+grep -q "job 1 'owl': 32x48, 9 frames, 4 steps, guidance 1 -> $T/out/owl.mp4 (starts on rank 1)" "$T/plan.txt" \
+  && grep -q "memory per rank with dlo on 2 rank(s)" "$T/plan.txt" && grep -q "slots per rank" "$T/plan.txt" \
+  || fail "--dry-run: $(cat "$T/plan.txt")"
+[ ! -e "$T/out" ] || fail "--dry-run wrote $(ls -A "$T/out")"
+echo "ok: --dry-run prints the plan and the memory estimate, renders nothing"
+
 # 2. 1, 2 and 3 ranks: the same frames for every job; and equal to the job rendered alone.
 for np in 1 2 3; do
   rm -rf "$T/out"
