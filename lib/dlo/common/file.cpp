@@ -31,18 +31,6 @@ const char* kind_of(mode_t m) {
   return "not a regular file";
 }
 
-std::string dir_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string base_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 std::string host_name() {
   char h[256] = {0};
   if (::gethostname(h, sizeof h - 1) != 0) return "host";
@@ -56,6 +44,18 @@ void fsync_fd(int fd, const std::string& what) {
 }
 
 }  // namespace
+
+std::string path_folder(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string path_name(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
 
 std::string resolve_output_path(const std::string& path_in) {
   DLO_CHECK(!path_in.empty(), "an output path is empty");
@@ -74,13 +74,13 @@ std::string resolve_output_path(const std::string& path_in) {
     const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
     DLO_CHECK(n > 0, "reading the symbolic link '", path, "': ", std::strerror(errno));
     target.resize(static_cast<std::size_t>(n));
-    path = target.front() == '/' ? target : dir_of(path) + "/" + target;
+    path = target.front() == '/' ? target : path_folder(path) + "/" + target;
   }
 }
 
 void check_output_path(const std::string& path) {
   const std::string real = resolve_output_path(path);
-  const std::string dir = dir_of(real);
+  const std::string dir = path_folder(real);
   struct stat st;
   DLO_CHECK(::stat(dir.c_str(), &st) == 0, "the folder '", dir, "' of '", path, "' does not exist");
   DLO_CHECK(S_ISDIR(st.st_mode), "'", dir, "' (the folder of '", path, "') is not a directory");
@@ -103,7 +103,7 @@ void check_output_folder(const std::string& dir_in) {
   // The nearest existing ancestor must be a writable folder.
   std::string up = dir;
   for (;;) {
-    up = dir_of(up);
+    up = path_folder(up);
     if (::stat(up.c_str(), &st) == 0) break;
     DLO_CHECK((errno == ENOENT || errno == ENOTDIR) && up != "/" && up != ".", "'", up, "' (a parent of '", dir_in,
               "'): ", std::strerror(errno));
@@ -149,7 +149,7 @@ std::string read_file(const std::string& path) {
 
 std::string unique_temp_name(const std::string& final_path) {
   static std::atomic<unsigned> counter{0};
-  return dir_of(final_path) + "/." + base_of(final_path) + ".tmp-" + host_name() + "-" + std::to_string(::getpid()) +
+  return path_folder(final_path) + "/." + path_name(final_path) + ".tmp-" + host_name() + "-" + std::to_string(::getpid()) +
          "-" + std::to_string(counter++);
 }
 
@@ -190,12 +190,12 @@ void AtomicFile::commit() {
   DLO_CHECK(std::rename(temp_.c_str(), path_.c_str()) == 0, "renaming '", temp_, "' to '", path_,
             "': ", std::strerror(errno));
   committed_ = true;
-  sync_folder(dir_of(path_));
+  sync_folder(path_folder(path_));
 }
 
 int remove_stale_temporaries(const std::string& final_path) {
-  const std::string dir = dir_of(final_path);
-  const std::string prefix = "." + base_of(final_path) + ".tmp-" + host_name() + "-";
+  const std::string dir = path_folder(final_path);
+  const std::string prefix = "." + path_name(final_path) + ".tmp-" + host_name() + "-";
   int removed = 0;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;

@@ -20,6 +20,11 @@
 
 namespace dlo {
 
+// The folder part of `path` ("." when it has none, "/" for a file in the root) and its last
+// component, as the shell's dirname and basename for paths without a trailing slash.
+std::string path_folder(const std::string& path);
+std::string path_name(const std::string& path);
+
 // The path an output to `path` replaces: `path` itself, or the target of a symbolic link (links
 // followed, relative targets resolved). Throws dlo::Error if that is a directory, device, FIFO or
 // socket.

@@ -135,18 +135,6 @@ std::string strip_trailing_slashes(std::string p) {
   return p;
 }
 
-std::string dir_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string base_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 const char* kind_of(mode_t m) {
   if (S_ISREG(m)) return "a regular file";
   if (S_ISCHR(m)) return "a character device";
@@ -202,10 +190,10 @@ void remove_flat_folder(const std::string& dir) {
 std::string check_png_folder(const std::string& path_in) {
   DLO_CHECK(!path_in.empty(), "an output path is empty");
   const std::string path = strip_trailing_slashes(path_in);
-  const std::string base = base_of(path);
+  const std::string base = path_name(path);
   DLO_CHECK(!base.empty() && base != "." && base != "..", "'", path_in,
             "' does not name a folder for the PNG frames (give a new folder name, e.g. 'out/frames')");
-  const std::string parent = dir_of(path);
+  const std::string parent = path_folder(path);
   struct stat st;
   DLO_CHECK(::stat(parent.c_str(), &st) == 0, "the folder '", parent, "' of '", path_in, "' does not exist");
   DLO_CHECK(S_ISDIR(st.st_mode), "'", parent, "' (the folder of '", path_in, "') is not a directory");
@@ -707,7 +695,7 @@ struct VideoWriter::Impl {
         // The old folder is now under the temporary name.
         remove_flat_folder(png_dir.path);
         png_dir.committed = true;
-        sync_folder(dir_of(path));
+        sync_folder(path_folder(path));
         return;
       }
       DLO_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP, "replacing '", path, "' with '",
@@ -727,7 +715,7 @@ struct VideoWriter::Impl {
                 "': ", std::strerror(errno));
       png_dir.committed = true;
     }
-    sync_folder(dir_of(path));
+    sync_folder(path_folder(path));
   }
 
   void finish() {
