@@ -23,14 +23,7 @@ using dlo::test::TempDir;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const dlo::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlo::test::error_of;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

@@ -7,11 +7,24 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <random>
 #include <string>
 
+#include "dlo/common/error.h"
+
 namespace dlo::test {
+
+// The message of the dlo::Error that fn() throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const dlo::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // A fresh directory under $TMPDIR, removed with everything in it at scope exit.
 class TempDir {

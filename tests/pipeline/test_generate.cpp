@@ -16,14 +16,7 @@
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const dlo::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dlo::test::error_of;
 
 // A complete, consistent random model folder (tiny).
 void make_tiny_model(const std::string& dir) {

@@ -67,6 +67,9 @@ class BlockComputeError : public std::runtime_error {
   explicit BlockComputeError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// `stats` as a JSON object ({"strategy", "host_bytes", ..., "pack_s"}), for the tools' reports.
+std::string engine_stats_json(const EngineStats& stats);
+
 class BlockEngine {
  public:
   // Builds the host copies (packing this rank's shard of every block for dlo, every block for

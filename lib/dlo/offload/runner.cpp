@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
@@ -73,6 +74,20 @@ StrategyChoice choose_strategy(const std::string& requested, std::uint64_t weigh
                                 human_bytes(free), "; ", ranks, " ranks share the host copy 1/", ranks, " each")};
   return {Strategy::kLayerwise,
           str("weights ", human_bytes(weight_bytes), " exceed free device memory ", human_bytes(free), "; one rank")};
+}
+
+std::string engine_stats_json(const EngineStats& s) {
+  return nlohmann::ordered_json({{"strategy", s.strategy},
+                                 {"host_bytes", s.host_bytes},
+                                 {"pinned_bytes", s.pinned_bytes},
+                                 {"slot_bytes", s.slot_bytes},
+                                 {"device_bytes", s.device_bytes},
+                                 {"bytes_streamed", s.bytes_streamed},
+                                 {"bytes_gathered", s.bytes_gathered},
+                                 {"blocks_acquired", s.blocks_acquired},
+                                 {"exposed_wait_s", s.exposed_wait_s},
+                                 {"pack_s", s.pack_s}})
+      .dump();
 }
 
 WaveSchedule agree_wave(const MpiWorld& world, std::int64_t my_passes, std::uint64_t fingerprint) {

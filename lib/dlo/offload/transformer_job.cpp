@@ -229,21 +229,12 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       {"host", world.host()},
       {"local_rank", world.local_rank()},
       {"device", device.str()},
-      {"strategy", es.strategy},
       {"passes", my_passes},
       {"guidance_branches", branches.size()},
       {"blocks", runner->plan().num_blocks()},
       {"block_bytes_total", runner->plan().total_bytes()},
       {"shard_bytes_total", choice.strategy == Strategy::kDlo ? es.host_bytes : 0},
-      {"host_bytes", es.host_bytes},
-      {"pinned_bytes", es.pinned_bytes},
-      {"slot_bytes", es.slot_bytes},
-      {"device_bytes", es.device_bytes},
       {"device_peak_bytes", device_peak_bytes(device)},
-      {"bytes_streamed", es.bytes_streamed},
-      {"bytes_gathered", es.bytes_gathered},
-      {"blocks_acquired", es.blocks_acquired},
-      {"pack_s", es.pack_s},
       {"rss_kb_at_start", at_start.rss_kb},
       {"rss_kb_after_model_load", after_load.rss_kb},
       {"rss_kb_before_engine", before.rss_kb},
@@ -255,6 +246,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       {"pss_file_kb", end.pss_file_kb},
       {"per_pass", passes},
   };
+  me.update(nlohmann::ordered_json::parse(engine_stats_json(es)));
   // The output first: a rank stuck in the gather below must not keep it from being written.
   if (world.rank() == result.writer_rank && o.write_output) {
     try {

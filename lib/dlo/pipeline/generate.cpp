@@ -506,25 +506,16 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
                {"host", world.host()},
                {"local_rank", world.local_rank()},
                {"device", device.str()},
-               {"strategy", es.strategy},
                {"traversals", traversals},
                {"ghost_traversals", ghosts},
                {"idle_traversals", idle},
                {"boundary_wait_s", sync_s},
-               {"exposed_transfer_wait_s", es.exposed_wait_s},
                {"wave_s", wave_s},
-               {"host_bytes", es.host_bytes},
-               {"pinned_bytes", es.pinned_bytes},
-               {"slot_bytes", es.slot_bytes},
-               {"device_bytes", es.device_bytes},
                {"device_peak_bytes", device_peak_bytes(device)},
-               {"bytes_streamed", es.bytes_streamed},
-               {"bytes_gathered", es.bytes_gathered},
-               {"blocks_acquired", es.blocks_acquired},
-               {"pack_s", es.pack_s},
                {"rss_kb_at_start", at_start.rss_kb},
                {"rss_kb", end.rss_kb},
                {"rss_peak_kb", end.hwm_kb}};
+  mine.update(json::parse(engine_stats_json(es)));
   const auto all = world.gather_strings(mine.dump(), 0, "collecting rank facts");
   if (me == 0) {
     json arr = json::array();
