@@ -29,10 +29,18 @@ namespace dlo {
 const char* strategy_name(Strategy s) {
   switch (s) {
     case Strategy::kResident: return "resident";
-    case Strategy::kLayerwise: return "layerwise";
+    case Strategy::kDeviceShards: return "device-shards";
+    case Strategy::kMixed: return "mixed";
     case Strategy::kDlo: return "dlo";
+    case Strategy::kLayerwise: return "layerwise";
   }
   return "?";
+}
+
+std::optional<Strategy> parse_strategy(const std::string& name) {
+  for (auto s : {Strategy::kResident, Strategy::kDeviceShards, Strategy::kMixed, Strategy::kDlo, Strategy::kLayerwise})
+    if (name == strategy_name(s)) return s;
+  return std::nullopt;
 }
 
 namespace {
@@ -160,6 +168,8 @@ struct BlockEngine::Impl {
 #ifndef DLO_HAVE_CUDA
     DLO_CHECK(!cuda, "this dlo was built without CUDA");
 #endif
+    DLO_CHECK(opt.strategy != Strategy::kDeviceShards && opt.strategy != Strategy::kMixed, "the ",
+              strategy_name(opt.strategy), " strategy is not implemented yet");
   }
 
   // ---- set-up

@@ -5,8 +5,12 @@
 //              every rank through the page cache).
 //   layerwise  every rank keeps the whole stack in (pinned) host memory and copies each block
 //              into one of two device slots just before it runs; no collective.
-//   dlo        every rank keeps 1/N of each block; the block is rebuilt in a device slot by an
-//              in-place AllGather (each rank's shard lands at its own offset: no staging copy).
+//   device-shards  every rank keeps 1/N of each block in device memory; the block is rebuilt in a
+//              device slot by an in-place AllGather from there (no host-to-device copy per step).
+//   mixed      the first `device_blocks` blocks' shards live on the device, the rest on the host.
+//   dlo        every rank keeps 1/N of each block in (pinned) host memory; the block is rebuilt in a
+//              device slot by an in-place AllGather (each rank's shard lands at its own offset: no
+//              staging copy).
 //
 // Layerwise and dlo double-buffer: while block i computes from one slot, block i+1 is copied and
 // gathered into the other (CUDA: copy and communication streams with events; CPU: a transfer
@@ -22,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,14 +39,25 @@ namespace dlo {
 
 class Collective;
 
-enum class Strategy { kResident, kLayerwise, kDlo };
+// In the order "auto" prefers them (most device memory first).
+enum class Strategy { kResident, kDeviceShards, kMixed, kDlo, kLayerwise };
+// "resident", "device-shards", "mixed", "dlo", "layerwise".
 const char* strategy_name(Strategy s);
+// The strategy named `name` (as strategy_name writes it); nullopt for anything else.
+std::optional<Strategy> parse_strategy(const std::string& name);
+// Strategies whose blocks are sharded 1/N over the ranks and rebuilt by the collective.
+inline bool is_sharded(Strategy s) { return s == Strategy::kDeviceShards || s == Strategy::kMixed || s == Strategy::kDlo; }
 
 struct EngineOptions {
   Strategy strategy = Strategy::kResident;
   at::Device device = at::kCPU;
   Collective* collective = nullptr;  // dlo with several ranks; must outlive the engine (its last prefetch uses it)
-  bool keep_page_cache = false;      // layerwise/dlo: keep the checkpoint pages after packing
+  bool keep_page_cache = false;      // layerwise/sharded: keep the checkpoint pages after packing
+  // mixed: how many blocks, from block 0, keep this rank's shard in device memory (the rest stay
+  // on the host); 0 < device_blocks < num_blocks. device-shards: all of them; dlo: none (ignored).
+  std::int64_t device_blocks = 0;
+  // A gather that has not completed after this many seconds ends every rank (NCCL watchdog).
+  double gather_timeout_s = 600;
   // Test hook (the fault-injection test): throw while transferring this block. -1: never.
   std::int64_t fail_at_block = -1;
 };
