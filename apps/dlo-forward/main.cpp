@@ -2,7 +2,8 @@
 //
 //   [mpirun -np N] dlo-forward --model DIR --component transformer --inputs in.safetensors
 //               --out out.safetensors [--dtype fp32|bf16|fp16] [--threads N]
-//               [--offload auto|resident|layerwise|dlo] [--device auto|cpu|cuda[:N]]
+//               [--offload auto|resident|device-shards|mixed|dlo|layerwise] [--device-budget BYTES]
+//               [--device auto|cpu|cuda[:N]]
 //               [--passes P] [--guidance] [--report FILE]
 //
 // The transformer runs through the offload engine on every rank (the lowest rank that computes
@@ -10,6 +11,7 @@
 // Outputs (--out, --report) and inputs are checked on every rank before any work; collectives wait
 // at most DLO_GATHER_TIMEOUT_S seconds (default 600) for a rank.
 // Exit codes: 0 ok, 2 bad invocation or input (found before the work), 1 anything else.
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <signal.h>
 
@@ -21,6 +23,7 @@
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
 
+#include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
 #include "dlo/common/settings.h"
@@ -65,7 +68,11 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       "dtype", "compute dtype: fp32, bf16, fp16", cxxopts::value<std::string>()->default_value("fp32"))(
       "threads", "CPU threads per rank (0: libtorch default)", cxxopts::value<int>()->default_value("0"))(
       "prompt", "text_encoder, tokenizer: clean and tokenize this prompt (to 512 tokens)", cxxopts::value<std::string>())(
-      "offload", "transformer: auto, resident, layerwise or dlo", cxxopts::value<std::string>()->default_value("auto"))(
+      "offload", "transformer: auto, resident, device-shards, mixed, dlo or layerwise",
+      cxxopts::value<std::string>()->default_value("auto"))(
+      "device-budget", "transformer: device memory each rank may use, e.g. 40GiB (auto decides from it; mixed keeps "
+      "as many blocks' shards on the device as fit). Default: the device's free memory",
+      cxxopts::value<std::string>())(
       "device", "transformer: auto, cpu, cuda or cuda:N (default: local rank modulo visible devices)",
       cxxopts::value<std::string>()->default_value("auto"))(
       "passes", "forward passes on every rank (timing; the last output is written)",
@@ -96,6 +103,12 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   const int threads = dlo::bound_threads(args["threads"].as<int>(), "--threads", &note);
   if (!note.empty() && world.rank() == 0) std::cerr << "dlo-forward: note: " << note << "\n";
   if (threads > 0) at::set_num_threads(threads);
+  if (dtype == at::kFloat) {
+    // fp32 means fp32 on CUDA too (parity runs compare with the CPU): no TF32 convolutions
+    // (cuDNN's default in torch 2.11) or matmuls.
+    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setAllowTF32CuBLAS(false);
+  }
   std::int64_t passes = args.count("repeat") ? args["repeat"].as<std::int64_t>() : args["passes"].as<std::int64_t>();
   DLO_CHECK(passes >= 1, "--passes must be >= 1");
   const std::string component = args["component"].as<std::string>();
@@ -132,6 +145,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     jo.dtype = dtype;
     jo.offload = args["offload"].as<std::string>();
     jo.device = args["device"].as<std::string>();
+    if (args.count("device-budget"))
+      jo.device_budget = dlo::parse_bytes(args["device-budget"].as<std::string>(), "--device-budget");
+    if (const char* id = std::getenv("NCCL_HOSTID")) jo.host_id = id;
     jo.passes = passes;
     if (args.count("rank-passes")) jo.rank_passes = parse_counts(args["rank-passes"].as<std::string>(), "--rank-passes");
     jo.guidance = args.count("guidance") > 0;

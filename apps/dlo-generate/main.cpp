@@ -5,7 +5,8 @@
 //       [job flags] [--force] [--dry-run] [--save-latents FILE.h5] [--quiet]
 //   job flags: --negative-prompt --seed --steps --guidance --height --width --frames --fps
 //       --scheduler unipc|euler --flow-shift --format mp4|png|ffv1 --crf --preset
-//   run flags: --dtype --vae-dtype --offload auto|resident|layerwise|dlo --device --threads
+//   run flags: --dtype --vae-dtype --offload auto|resident|device-shards|mixed|dlo|layerwise
+//              --device-budget --device --threads
 //
 // One prompt: rank 0 renders, every rank keeps 1/N of the transformer's blocks. A batch: every rank
 // renders a different job at once, taking the next at a pass boundary; results.jsonl in the output
@@ -243,7 +244,10 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       cxxopts::value<double>())(
       "dtype", "transformer and text encoder: bf16, fp32 or fp16", cxxopts::value<std::string>()->default_value("bf16"))(
       "vae-dtype", "VAE: fp32, bf16 or fp16", cxxopts::value<std::string>()->default_value("fp32"))(
-      "offload", "auto, resident, layerwise or dlo", cxxopts::value<std::string>()->default_value("auto"))(
+      "offload", "auto, resident, device-shards, mixed, dlo or layerwise",
+      cxxopts::value<std::string>()->default_value("auto"))(
+      "device-budget", "device memory each rank may use, e.g. 40GiB (auto decides from it; mixed keeps as many "
+      "blocks' shards on the device as fit). Default: the device's free memory", cxxopts::value<std::string>())(
       "device", "auto, cpu, cuda or cuda:N (default: local rank modulo visible GPUs)",
       cxxopts::value<std::string>()->default_value("auto"))(
       "threads", "CPU threads per rank (0: the cores divided among this node's ranks)",
@@ -285,8 +289,11 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     go.dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
     go.vae_dtype = dlo::parse_compute_dtype(args["vae-dtype"].as<std::string>(), "--vae-dtype");
     go.offload = args["offload"].as<std::string>();
-    DLO_CHECK(go.offload == "auto" || go.offload == "resident" || go.offload == "layerwise" || go.offload == "dlo",
-              "--offload: '", go.offload, "' is not auto, resident, layerwise or dlo");
+    DLO_CHECK(go.offload == "auto" || dlo::parse_strategy(go.offload), "--offload: '", go.offload,
+              "' is not auto, resident, device-shards, mixed, dlo or layerwise");
+    if (args.count("device-budget"))
+      go.device_budget = dlo::parse_bytes(args["device-budget"].as<std::string>(), "--device-budget");
+    if (const char* id = std::getenv("NCCL_HOSTID")) go.host_id = id;
     go.device = args["device"].as<std::string>();
     go.keep_page_cache = args.count("keep-page-cache") > 0;
     if (args.count("fail-job")) {
@@ -353,10 +360,10 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
                   << " frames, " << j.steps << " steps, guidance " << j.guidance << " -> " << j.output
                   << (static_cast<int>(i) < world.size() ? dlo::str(" (starts on rank ", i, ")") : "") << "\n";
       }
-      const auto strategy = go.offload == "layerwise" ? dlo::Strategy::kLayerwise
-                            : go.offload == "resident" ? dlo::Strategy::kResident
-                            : world.size() > 1         ? dlo::Strategy::kDlo
-                                                       : dlo::Strategy::kResident;
+      // The host side only; auto's real choice depends on the device's free memory, known once loaded.
+      const auto strategy = go.offload != "auto" ? *dlo::parse_strategy(go.offload)
+                            : world.size() > 1   ? dlo::Strategy::kDlo
+                                                 : dlo::Strategy::kResident;
       const auto est = dlo::estimate_memory(model, plan.jobs, world.size(), strategy, go.dtype);
       const std::uint64_t avail = dlo::available_memory_bytes();
       std::cout << "memory per rank with " << dlo::strategy_name(strategy) << " on " << world.size()

@@ -223,14 +223,6 @@ TEST_CASE("blocks of different sizes and dtypes are gathered exactly, padding an
   }
 }
 
-TEST_CASE("auto picks resident on the CPU when the weights fit, and says why") {
-  auto c = choose_strategy("auto", 1 << 20, 1 << 20, at::kCPU, 4);
-  CHECK((c.strategy == Strategy::kResident));
-  CHECK(c.reason.find("fit in available host memory") != std::string::npos);
-  CHECK((choose_strategy("dlo", 1, 1, at::kCPU, 1).strategy == Strategy::kDlo));
-  CHECK_THROWS_WITH_AS(choose_strategy("fast", 1, 1, at::kCPU, 1), doctest::Contains("unknown strategy 'fast'"), dlo::Error);
-}
-
 TEST_CASE("ranks that planned different layouts are refused on every rank") {
   const std::uint64_t print = world().rank() == world().size() - 1 && world().size() > 1 ? 2 : 1;
   if (world().size() == 1) {

@@ -36,7 +36,7 @@ check "--frames: 80 is not of the form 4k+1" --frames 80
 check "--steps: must be >= 1, got 0" --steps 0
 check "--crf: must be in 0..51" --crf 60
 check "--format: 'gif' is not mp4, png or ffv1" --format gif
-check "--offload: 'fast' is not auto, resident, layerwise or dlo" --offload fast
+check "--offload: 'fast' is not auto, resident, device-shards, mixed, dlo or layerwise" --offload fast
 check "--dtype" --dtype fp64
 check "--scheduler" --scheduler ddim
 check "--flow-shift: must be a positive number" --flow-shift -2

@@ -1,5 +1,8 @@
 #include "dlo/dist/device.h"
 
+#include <map>
+#include <sstream>
+
 #include "dlo/common/error.h"
 #include "dlo/dist/mpi_world.h"
 
@@ -18,12 +21,38 @@ int cuda_device_count() {
   return count;
 }
 
+namespace {
+
+c10::Device make_current(c10::Device d) {
+#ifdef DLO_HAVE_CUDA
+  if (d.is_cuda()) {
+    const cudaError_t e = cudaSetDevice(d.index());
+    DLO_CHECK(e == cudaSuccess, "cannot use ", d.str(), ": cudaSetDevice failed: ", cudaGetErrorString(e));
+  }
+#endif
+  return d;
+}
+
+std::string bus_id(c10::Device d) {
+#ifdef DLO_HAVE_CUDA
+  if (d.is_cuda()) {
+    char id[32] = {0};
+    if (cudaDeviceGetPCIBusId(id, sizeof id, d.index()) == cudaSuccess) return id;
+    return "cuda:" + std::to_string(d.index());
+  }
+#endif
+  (void)d;
+  return "cpu";
+}
+
+}  // namespace
+
 c10::Device pick_device(const std::string& requested, const MpiWorld& world, const std::string& what) {
   if (requested == "cpu") return c10::kCPU;
   const int count = cuda_device_count();
   if (requested == "auto") {
     if (count == 0) return c10::kCPU;
-    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % count));
+    return make_current(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % count)));
   }
   DLO_CHECK(requested == "cuda" || requested.rfind("cuda:", 0) == 0, what, ": '", requested,
             "' is not auto, cpu, cuda or cuda:N");
@@ -36,15 +65,66 @@ c10::Device pick_device(const std::string& requested, const MpiWorld& world, con
     index = std::stoi(n);
   }
   DLO_CHECK(index >= 0 && index < count, what, " ", requested, ": only ", count, " device(s) are visible");
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  return make_current(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)));
 }
 
-std::int64_t device_peak_bytes(c10::Device d) {
+DeviceSharing device_sharing(const MpiWorld& world, c10::Device device, const std::string& host_id) {
+  DeviceSharing mine;
+  mine.id = (host_id.empty() ? world.host() : host_id) + "/" + bus_id(device);
+  // Every rank's id, on every rank (gather to 0, then one broadcast of the joined list).
+  const auto ids = world.gather_strings(mine.id, 0, "device agreement");
+  std::string joined;
+  for (const auto& s : ids) joined += s + "\n";
+  joined = world.broadcast_string(joined, 0, "device agreement");
+  std::istringstream in(joined);
+  std::string line;
+  mine.ranks_on_device = 0;
+  for (int r = 0; std::getline(in, line); ++r) {
+    if (line != mine.id) continue;
+    ++mine.ranks_on_device;
+    mine.peers += (mine.peers.empty() ? "" : ",") + std::to_string(r);
+  }
+  DLO_ASSERT(mine.ranks_on_device >= 1, "this rank's own device id is missing from the list");
+  return mine;
+}
+
+void check_exclusive_devices(const MpiWorld& world, c10::Device device, const DeviceSharing& mine) {
+  std::string error;
+  if (device.is_cuda() && mine.ranks_on_device > 1)
+    error = str("ranks ", mine.peers, " all use ", device.str(), " (", mine.id,
+                "): one GPU per rank. Start as many ranks per node as there are GPUs, or give each rank its own "
+                "device (--device cuda:N, CUDA_VISIBLE_DEVICES). For a test on one GPU, give every rank its own "
+                "NCCL_HOSTID (NCCL then talks between them over sockets)");
+  world.check_all(error, "device check");
+}
+
+DeviceMemory device_memory(c10::Device d, bool release_cache) {
+  DeviceMemory m;
 #ifdef DLO_HAVE_CUDA
-  if (d.is_cuda()) return c10::cuda::CUDACachingAllocator::getDeviceStats(d.index()).reserved_bytes[0].peak;
+  if (d.is_cuda()) {
+    if (release_cache) c10::cuda::CUDACachingAllocator::emptyCache();
+    std::size_t free = 0, total = 0;
+    if (cudaSetDevice(d.index()) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess) {
+      m.total = static_cast<std::int64_t>(total);
+      m.free = static_cast<std::int64_t>(free);
+      m.used = m.total - m.free;
+    }
+    const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+    m.allocator_reserved = s.reserved_bytes[0].current;
+    m.allocator_reserved_peak = s.reserved_bytes[0].peak;
+    m.allocator_allocated_peak = s.allocated_bytes[0].peak;
+  }
 #endif
   (void)d;
-  return -1;
+  (void)release_cache;
+  return m;
+}
+
+void reset_device_peaks(c10::Device d) {
+#ifdef DLO_HAVE_CUDA
+  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
+#endif
+  (void)d;
 }
 
 }  // namespace dlo

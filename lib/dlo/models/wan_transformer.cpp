@@ -302,6 +302,26 @@ std::pair<at::Tensor, at::Tensor> rope_1d(std::int64_t dim, std::int64_t max_len
 
 }  // namespace
 
+std::int64_t wan_tokens(const WanTransformerConfig& c, std::int64_t frames, std::int64_t height, std::int64_t width) {
+  const auto& p = c.patch_size;
+  return (frames / p[0]) * (height / p[1]) * (width / p[2]);
+}
+
+std::uint64_t wan_forward_working_bytes(const WanTransformerConfig& c, std::int64_t frames, std::int64_t height,
+                                        std::int64_t width, std::int64_t text_len, std::int64_t branches,
+                                        at::ScalarType dtype) {
+  const double L = static_cast<double>(wan_tokens(c, frames, height, width));
+  const double D = static_cast<double>(c.dim()), F = static_cast<double>(c.ffn_dim);
+  const double T = static_cast<double>(text_len), es = static_cast<double>(c10::elementSize(dtype));
+  const double latent = static_cast<double>(frames) * static_cast<double>(height) * static_cast<double>(width);
+  const double kept = 2 * L * D * es + T * D * es + T * static_cast<double>(c.text_dim) * es +
+                      latent * static_cast<double>(c.in_channels) * es + latent * static_cast<double>(c.out_channels) * 4;
+  const double attn = L * D * (12 + 8 * es);
+  const double ffn = L * D * (8 + 2 * es) + 2 * L * F * es;
+  const double total = 1.25 * (static_cast<double>(branches) * kept + std::max(attn, ffn));
+  return total >= 1.8e19 ? UINT64_MAX : static_cast<std::uint64_t>(total);
+}
+
 at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h_in,
                              const WanTransformerConfig& c) {
   at::Tensor h = h_in;

@@ -53,6 +53,25 @@ struct WanTransformerConfig {
   std::string to_json() const;
 };
 
+// Device (or host) bytes one forward needs beyond the weights, at its peak, for a latent of
+// `frames` x `height` x `width` (the latent's own size, before patching), `text_len` text tokens,
+// `branches` guidance branches (run back to back through each block) and compute dtype `dtype`.
+// Counted from the block's code (models/wan_transformer.cpp, wan_block_forward) with
+// L = (frames/p_t)(height/p_h)(width/p_w) tokens and D = dim():
+//   kept per branch while the stack runs: hidden states in and out of a block (2 L D), the
+//     projected text (T D), the latent in and the output (fp32);
+//   one block's intermediates, one branch at a time: self-attention L D (12 + 8 es) (the fp32
+//     norm and its modulation, q, k, v, RoPE temporaries, the attention output), feed-forward
+//     L D (8 + 2 es) + 2 L ffn_dim es (its two wide tensors), whichever is larger;
+// where es is the dtype's size; attention itself is a fused kernel (no L x L scores). Plus 25%
+// for allocator rounding and fragmentation. An estimate: dlo-forward's report prints it beside
+// the allocator's measured peak.
+std::uint64_t wan_forward_working_bytes(const WanTransformerConfig& c, std::int64_t frames, std::int64_t height,
+                                        std::int64_t width, std::int64_t text_len, std::int64_t branches,
+                                        at::ScalarType dtype);
+// The number of tokens a latent of that size makes (L above).
+std::int64_t wan_tokens(const WanTransformerConfig& c, std::int64_t frames, std::int64_t height, std::int64_t width);
+
 // Names of one block's tensors relative to "blocks.N.", in the fixed order used for packing.
 std::vector<std::string> wan_block_tensor_names(const WanTransformerConfig& c);
 // The block's tensors as specs (names relative to "blocks.N.") with their shapes and `dtype`.

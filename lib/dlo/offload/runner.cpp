@@ -1,7 +1,5 @@
 #include "dlo/offload/runner.h"
 
-#include <unistd.h>
-
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -11,27 +9,8 @@
 #include "dlo/models/umt5.h"
 #include "dlo/models/wan_transformer.h"
 
-#ifdef DLO_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 namespace dlo {
 namespace {
-
-std::uint64_t available_host_bytes() {
-  long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
-}
-
-std::uint64_t free_device_bytes(at::Device device) {
-#ifdef DLO_HAVE_CUDA
-  if (device.is_cuda()) {
-    std::size_t free = 0, total = 0;
-    if (cudaSetDevice(device.index()) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess) return free;
-  }
-#endif
-  return 0;
-}
 
 DType packed_dtype_for(at::ScalarType st) {
   switch (st) {
@@ -44,37 +23,6 @@ DType packed_dtype_for(at::ScalarType st) {
 }
 
 }  // namespace
-
-StrategyChoice choose_strategy(const std::string& requested, std::uint64_t weight_bytes, std::uint64_t working_bytes,
-                               at::Device device, int ranks) {
-  if (requested == "resident") return {Strategy::kResident, "requested"};
-  if (requested == "layerwise") return {Strategy::kLayerwise, "requested"};
-  if (requested == "dlo") return {Strategy::kDlo, "requested"};
-  DLO_CHECK(requested == "auto", "--offload: unknown strategy '", requested, "' (auto, resident, layerwise, dlo)");
-  const std::uint64_t need = weight_bytes + working_bytes;
-  if (device.is_cpu()) {
-    // On the CPU the resident weights are the checkpoint's page cache, one copy shared by all ranks.
-    const std::uint64_t avail = available_host_bytes();
-    if (need + need / 10 <= avail || avail == 0)
-      return {Strategy::kResident, str("weights ", human_bytes(weight_bytes), " + working ", human_bytes(working_bytes),
-                                       " fit in available host memory ", human_bytes(avail),
-                                       " (mmap views, shared by the ranks of a node)")};
-    if (ranks > 1)
-      return {Strategy::kDlo, str("weights ", human_bytes(weight_bytes), " do not fit in available host memory ",
-                                  human_bytes(avail), "; sharding 1/", ranks, " per rank")};
-    return {Strategy::kLayerwise, str("weights do not fit in available host memory ", human_bytes(avail),
-                                      " and there is one rank")};
-  }
-  const std::uint64_t free = free_device_bytes(device);
-  if (need + need / 10 <= free)
-    return {Strategy::kResident, str("weights ", human_bytes(weight_bytes), " + working ", human_bytes(working_bytes),
-                                     " fit in free device memory ", human_bytes(free), " with a 10% margin")};
-  if (ranks > 1)
-    return {Strategy::kDlo, str("weights ", human_bytes(weight_bytes), " exceed free device memory ",
-                                human_bytes(free), "; ", ranks, " ranks share the host copy 1/", ranks, " each")};
-  return {Strategy::kLayerwise,
-          str("weights ", human_bytes(weight_bytes), " exceed free device memory ", human_bytes(free), "; one rank")};
-}
 
 std::string engine_stats_json(const EngineStats& s) {
   return nlohmann::ordered_json({{"strategy", s.strategy},

@@ -28,15 +28,6 @@ class Collective;
 class WanTransformer;
 class Umt5Encoder;
 
-// Picks a strategy for "auto" and says why, from the stack's size, the device's free memory
-// and the rank count. `requested` other than "auto" is returned as is (validated).
-struct StrategyChoice {
-  Strategy strategy;
-  std::string reason;
-};
-StrategyChoice choose_strategy(const std::string& requested, std::uint64_t weight_bytes, std::uint64_t working_bytes,
-                               at::Device device, int ranks);
-
 // Everyone's view of the wave, agreed collectively.
 struct WaveSchedule {
   std::vector<std::int64_t> passes;  // per rank

@@ -10,70 +10,21 @@
 #include "dlo/common/error.h"
 #include "dlo/common/memory.h"
 #include "dlo/dist/collective.h"
+#include "dlo/dist/device.h"
 #include "dlo/dist/mpi_world.h"
 #include "dlo/dist/tool.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/offload/runner.h"
+#include "dlo/offload/strategy.h"
 
-#ifdef DLO_HAVE_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime_api.h>
-#endif
 
 namespace dlo {
 namespace {
-
-at::Device pick_device(const std::string& requested, const MpiWorld& world) {
-  int count = 0;
-#ifdef DLO_HAVE_CUDA
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-#endif
-  if (requested == "cpu") return at::kCPU;
-  if (requested == "auto") {
-    if (count == 0) return at::kCPU;
-    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % count));
-  }
-  DLO_CHECK(requested.rfind("cuda", 0) == 0, "--device: '", requested, "' is not auto, cpu, cuda or cuda:N");
-  DLO_CHECK(count > 0, "--device ", requested, ": no CUDA device is visible");
-  int index = world.local_rank() % count;
-  if (requested.size() > 5) index = std::stoi(requested.substr(5));
-  DLO_CHECK(index >= 0 && index < count, "--device ", requested, ": only ", count, " devices are visible");
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
-}
 
 const at::Tensor& input(const std::map<std::string, at::Tensor>& in, const std::string& key) {
   auto it = in.find(key);
   DLO_CHECK(it != in.end(), "transformer: inputs lack '", key, "'");
   return it->second;
-}
-
-std::int64_t device_peak_bytes(at::Device d) {
-#ifdef DLO_HAVE_CUDA
-  if (d.is_cuda()) {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
-    return stats.reserved_bytes[0].peak;
-  }
-#endif
-  return -1;
-}
-
-// Host or device bytes one forward needs beyond the weights, at its peak (one block at a time, all
-// branches): per branch about 12 hidden-state-sized fp32 tensors, 3 of the feed-forward's width,
-// the projected text, and the branch's inputs and output. Generous on purpose: it refuses only
-// runs that cannot fit.
-std::uint64_t forward_working_bytes(const WanTransformerConfig& c, std::int64_t batch, std::int64_t frames,
-                                    std::int64_t height, std::int64_t width, std::int64_t text_len,
-                                    std::size_t branches) {
-  const auto& p = c.patch_size;
-  const double tokens = static_cast<double>(batch) * static_cast<double>(frames / p[0]) *
-                        static_cast<double>(height / p[1]) * static_cast<double>(width / p[2]);
-  const double latent = static_cast<double>(batch) * static_cast<double>(c.in_channels + c.out_channels) *
-                        static_cast<double>(frames) * static_cast<double>(height) * static_cast<double>(width);
-  const double text = static_cast<double>(batch) * static_cast<double>(text_len) *
-                      static_cast<double>(c.dim() + c.text_dim) * 2;
-  const double per_branch = 4.0 * (tokens * static_cast<double>(12 * c.dim() + 3 * c.ffn_dim) + latent + text);
-  const double total = per_branch * static_cast<double>(branches);
-  return total >= 1.8e19 ? UINT64_MAX : static_cast<std::uint64_t>(total);
 }
 
 }  // namespace
@@ -90,8 +41,17 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   std::vector<WanBranchInputs> branches;
   std::int64_t my_passes = o.passes;
   std::uint64_t working = 0;
+  std::optional<DeviceSharing> sharing;
   try {
-    device = pick_device(o.device, world);
+    device = pick_device(o.device, world, "--device");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  world.check_all(error, "start-up check (device)");
+  // Two ranks on one GPU: refused now, before anything is loaded (NCCL would refuse them later).
+  sharing = device_sharing(world, device, o.host_id);
+  check_exclusive_devices(world, device, *sharing);
+  try {
     model.emplace(WanTransformer::load(o.model_dir + "/transformer", o.dtype, /*load_blocks=*/false));
     const auto& c = model->config();
     const std::size_t nbranch = o.guidance ? 2 : 1;
@@ -103,7 +63,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       model->check_inputs(at::empty({1, c.in_channels, r[0], r[1], r[2]}, at::TensorOptions().device(at::kMeta)),
                           at::empty({1}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)),
                           at::empty({1, r[3], c.text_dim}, at::TensorOptions().device(at::kMeta)));
-      working = forward_working_bytes(c, 1, r[0], r[1], r[2], r[3], nbranch);
+      working = wan_forward_working_bytes(c, r[0], r[1], r[2], r[3], static_cast<std::int64_t>(nbranch), o.dtype);
     } else {
       const at::Tensor& x = input(inputs, "hidden_states");
       const at::Tensor& t = input(inputs, "timestep");
@@ -113,19 +73,19 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
         const at::Tensor& neg = input(inputs, "negative_encoder_hidden_states");
         with_context("negative_encoder_hidden_states", [&] { model->check_inputs(x, t, neg); });
       }
-      working = forward_working_bytes(c, x.size(0), x.size(2), x.size(3), x.size(4), ctx.size(1), nbranch);
+      working = static_cast<std::uint64_t>(x.size(0)) *
+                wan_forward_working_bytes(c, x.size(2), x.size(3), x.size(4), ctx.size(1),
+                                          static_cast<std::int64_t>(nbranch), o.dtype);
     }
     // Refuse, with the figure, a run that cannot fit: on the CPU every rank of the node shares
-    // the host memory.
+    // the host memory (the strategy's own needs are checked by choose_strategy below).
     std::uint64_t avail = 0;
     const std::uint64_t need = device.is_cpu() ? working * static_cast<std::uint64_t>(world.local_size()) : working;
     if (device.is_cpu()) {
       avail = available_memory_bytes();
     } else {
-#ifdef DLO_HAVE_CUDA
-      std::size_t free = 0, total = 0;
-      if (cudaSetDevice(device.index()) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess) avail = free;
-#endif
+      const DeviceMemory m = device_memory(device, /*release_cache=*/true);
+      avail = m.free > 0 ? static_cast<std::uint64_t>(m.free) : 0;
     }
     DLO_CHECK(avail == 0 || need <= avail, "out of memory: this run needs about ", human_bytes(need),
               " of working memory for its activations", device.is_cpu() && world.local_size() > 1
@@ -168,22 +128,26 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     if (wave.passes[static_cast<std::size_t>(r)] > 0) result.writer_rank = r;
   DLO_CHECK(result.writer_rank >= 0, "no rank has a pass to compute (every pass count is 0): nothing would be written");
 
-  // All ranks must make the same choice: decide on rank 0 and broadcast.
-  StrategyChoice choice = choose_strategy(o.offload, runner->plan().total_bytes(), working, device, world.size());
-  const std::int64_t agreed = world.allgather(static_cast<std::int64_t>(choice.strategy), "strategy agreement")[0];
-  if (agreed != static_cast<std::int64_t>(choice.strategy)) {
-    choice.strategy = static_cast<Strategy>(agreed);
-    choice.reason = "as rank 0 chose";
+  // The choice, from budgets every rank agreed on (the least over the ranks), so it is the same
+  // everywhere; a strategy that cannot fit is refused on every rank alike, before the engine.
+  const MemoryBudget budget = agree_memory_budget(world, device, *sharing, o.device_budget);
+  StrategyChoice choice;
+  try {
+    choice = choose_strategy(o.offload, stack_size(runner->plan()), working, budget);
+  } catch (const Error& e) {
+    error = e.what();
   }
-
+  world.check_all(error, "offload strategy");
   // From here on a failure on one rank would strand the others in a collective: abort them all.
   ProcessMemory before, after_pack;
   try {
     std::unique_ptr<Collective> collective;
-    if (choice.strategy == Strategy::kDlo && world.size() > 1)
+    if (is_sharded(choice.strategy) && world.size() > 1)
       collective = device.is_cuda() ? make_nccl_collective(world, device.index()) : make_mpi_collective(world);
     EngineOptions eo;
     eo.strategy = choice.strategy;
+    eo.device_blocks = choice.device_blocks;
+    eo.gather_timeout_s = world.timeout_s();
     eo.device = device;
     eo.keep_page_cache = o.keep_page_cache;
     if (o.fail_rank < 0 || o.fail_rank == world.rank()) eo.fail_at_block = o.fail_at_block;
@@ -195,6 +159,10 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   } catch (const std::exception& e) {
     MpiWorld::abort(str(world.tag(), " setting up the offload engine: ", describe_exception(e)));
   }
+  const DeviceMemory at_engine = device_memory(device);
+  // Ranks finish packing their shards at different times (storage, page cache); the gathers'
+  // timeout should count from when every rank is ready, not from the first enqueue.
+  world.barrier("engine start (every rank packed its shards)");
 
   using Clock = std::chrono::steady_clock;
   nlohmann::ordered_json passes = nlohmann::ordered_json::array();
@@ -224,6 +192,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
 
   const EngineStats es = runner->engine().stats();
   const ProcessMemory end = read_process_memory();
+  const DeviceMemory dm = device_memory(device);
   nlohmann::ordered_json me = {
       {"rank", world.rank()},
       {"host", world.host()},
@@ -233,8 +202,14 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       {"guidance_branches", branches.size()},
       {"blocks", runner->plan().num_blocks()},
       {"block_bytes_total", runner->plan().total_bytes()},
-      {"shard_bytes_total", choice.strategy == Strategy::kDlo ? es.host_bytes : 0},
-      {"device_peak_bytes", device_peak_bytes(device)},
+      {"shard_bytes_total", is_sharded(choice.strategy) ? stack_size(runner->plan()).shards_total() : 0},
+      {"device_blocks", choice.device_blocks},
+      {"working_bytes_estimate", working},
+      {"device_total_bytes", dm.total},
+      {"device_used_bytes_after_engine_start", at_engine.used},
+      {"device_used_bytes_at_end", dm.used},
+      {"allocator_reserved_peak_bytes", dm.allocator_reserved_peak},
+      {"allocator_allocated_peak_bytes", dm.allocator_allocated_peak},
       {"rss_kb_at_start", at_start.rss_kb},
       {"rss_kb_after_model_load", after_load.rss_kb},
       {"rss_kb_before_engine", before.rss_kb},

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,14 @@ class MpiWorld;
 struct TransformerJobOptions {
   std::string model_dir;                 // model root (holds transformer/)
   at::ScalarType dtype = at::kFloat;
-  std::string offload = "auto";          // auto | resident | layerwise | dlo
+  std::string offload = "auto";          // auto or a strategy name (strategy_name)
   std::string device = "auto";           // auto | cpu | cuda | cuda:N
+  // Bytes of device memory each rank may use (auto's budget; mixed: how many blocks stay on the
+  // device). Unset: the device's free memory (CPU: the host's, as the page cache).
+  std::optional<std::uint64_t> device_budget;
+  // This rank's host as NCCL sees it (NCCL_HOSTID, read by the app); empty: the hostname. Ranks
+  // sharing a GPU are refused unless their host ids differ (the one-GPU NCCL test).
+  std::string host_id;
   std::int64_t passes = 1;               // forward passes of this rank (same inputs each time)
   std::vector<std::int64_t> rank_passes; // if set: passes per rank (overrides `passes`), e.g. {2, 0, 1}
   bool guidance = false;                 // also run the negative context (input negative_encoder_hidden_states)

@@ -25,6 +25,7 @@
 #include "dlo/models/wan_transformer.h"
 #include "dlo/models/wan_vae.h"
 #include "dlo/offload/runner.h"
+#include "dlo/offload/strategy.h"
 #include "dlo/pipeline/prompt_encoder.h"
 
 namespace dlo {
@@ -279,6 +280,14 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   };
   try {
     device = pick_device(o.device, world, "device");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  world.check_all(error, "start-up check (device)");
+  // Two ranks on one GPU: refused now, before anything is loaded (NCCL would refuse them later).
+  const DeviceSharing sharing = device_sharing(world, device, o.host_id);
+  check_exclusive_devices(world, device, sharing);
+  try {
     for (std::int64_t i = 0; i < total; ++i) {
       const auto errors = validate_job(jobs[static_cast<std::size_t>(i)], model);
       DLO_CHECK(errors.empty(), describe(errors, jobs[static_cast<std::size_t>(i)], i));
@@ -299,18 +308,22 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   }
   (void)agree_wave(world, 0, runner->plan().fingerprint());  // same block layout everywhere
 
-  // Working memory for "auto": activations of a few blocks of the largest job (a rough bound).
+  // The strategy, from budgets every rank agreed on, for the largest job's working memory.
   std::uint64_t working = 0;
   const auto& c = transformer->config();
   for (const auto& j : jobs) {
     const auto shape = model.latent_shape(j);
-    const auto tokens = static_cast<std::uint64_t>(shape[2] * shape[3] * shape[4] / 4 + 512);
-    working = std::max<std::uint64_t>(working, tokens * static_cast<std::uint64_t>(c.ffn_dim) * 4 * 4 *
-                                                   (j.guided() ? 2 : 1));
+    working = std::max(working, wan_forward_working_bytes(c, shape[2], shape[3], shape[4], /*text tokens, as PromptEncoder pads*/ 512,
+                                                          j.guided() ? 2 : 1, o.dtype));
   }
-  StrategyChoice choice = choose_strategy(o.offload, runner->plan().total_bytes(), working, device, ranks);
-  const std::int64_t agreed = world.allgather(static_cast<std::int64_t>(choice.strategy))[0];
-  if (agreed != static_cast<std::int64_t>(choice.strategy)) choice = {static_cast<Strategy>(agreed), "as rank 0 chose"};
+  const MemoryBudget budget = agree_memory_budget(world, device, sharing, o.device_budget);
+  StrategyChoice choice;
+  try {
+    choice = choose_strategy(o.offload, stack_size(runner->plan()), working, budget);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  world.check_all(error, "offload strategy");
   GenerateReport report;
   report.choice = str("offload: ", strategy_name(choice.strategy), " (", choice.reason, "); device ", device.str(), "; ",
                       ranks, " rank(s)");
@@ -318,16 +331,20 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   // The engine. A failure here would strand the other ranks in a gather.
   try {
     std::unique_ptr<Collective> collective;
-    if (choice.strategy == Strategy::kDlo && ranks > 1)
+    if (is_sharded(choice.strategy) && ranks > 1)
       collective = device.is_cuda() ? make_nccl_collective(world, device.index()) : make_mpi_collective(world);
     EngineOptions eo;
     eo.strategy = choice.strategy;
+    eo.device_blocks = choice.device_blocks;
+    eo.gather_timeout_s = world.timeout_s();
     eo.device = device;
     eo.keep_page_cache = o.keep_page_cache;
     runner->start(eo, std::move(collective));
   } catch (const std::exception& e) {
     MpiWorld::abort(str(world.tag(), " setting up the offload engine: ", e.what()));
   }
+  // Ranks finish packing their shards at different times; the gathers' timeout counts from here.
+  world.barrier("engine start (every rank packed its shards)");
 
   // The wave.
   phase("denoise");
@@ -447,6 +464,7 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
       if (compute) {
         denoise_step(*current, *runner, o);
         if (device.is_cuda()) (void)current->latents.flatten()[0].item<float>();  // the step's time is real
+        current->result.allocator_reserved_peak_bytes = device_memory(device).allocator_reserved_peak;
       } else {
         runner->ghost();
       }
@@ -502,6 +520,7 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
   collect("collecting the last results");
 
   const ProcessMemory end = read_process_memory();
+  const DeviceMemory dm = device_memory(device);
   json mine = {{"rank", me},
                {"host", world.host()},
                {"local_rank", world.local_rank()},
@@ -511,7 +530,12 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
                {"idle_traversals", idle},
                {"boundary_wait_s", sync_s},
                {"wave_s", wave_s},
-               {"device_peak_bytes", device_peak_bytes(device)},
+               {"working_bytes_estimate", working},
+               {"device_blocks", choice.device_blocks},
+               {"device_total_bytes", dm.total},
+               {"device_used_bytes_at_end", dm.used},
+               {"allocator_reserved_peak_bytes", dm.allocator_reserved_peak},
+               {"allocator_allocated_peak_bytes", dm.allocator_allocated_peak},
                {"rss_kb_at_start", at_start.rss_kb},
                {"rss_kb", end.rss_kb},
                {"rss_peak_kb", end.hwm_kb}};

@@ -47,8 +47,13 @@ class FrameSink {
 struct GenerateOptions {
   at::ScalarType dtype = at::kBFloat16;      // transformer and text encoder
   at::ScalarType vae_dtype = at::kFloat;     // diffusers recommends (and Wan ships) an fp32 VAE
-  std::string offload = "auto";              // auto | resident | layerwise | dlo
+  std::string offload = "auto";              // auto or a strategy name (strategy_name)
   std::string device = "auto";               // auto | cpu | cuda | cuda:N
+  // Device memory each rank may use (auto's budget; mixed: blocks kept on the device). Unset: the
+  // device's free memory (CPU: the host's, as the page cache).
+  std::optional<std::uint64_t> device_budget;
+  // This rank's host as NCCL sees it (NCCL_HOSTID, read by the app); empty: the hostname.
+  std::string host_id;
   bool keep_page_cache = false;
   // Test hook: job `fail_job` (index) throws in its denoising step `fail_step` (from 1).
   std::int64_t fail_job = -1, fail_step = -1;

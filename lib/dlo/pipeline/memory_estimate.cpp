@@ -38,7 +38,8 @@ MemoryEstimate estimate_memory(const ModelInfo& model, const std::vector<JobSpec
   m.largest_block = block;
   m.blocks_bytes = block * static_cast<std::uint64_t>(c.num_layers);
   const auto n = static_cast<std::uint64_t>(std::max(1, ranks));
-  if (strategy == Strategy::kDlo) m.kept_per_rank = (m.blocks_bytes + n - 1) / n;
+  // Host shards: dlo; mixed keeps some of them on the device instead (this bounds it from above).
+  if (strategy == Strategy::kDlo || strategy == Strategy::kMixed) m.kept_per_rank = (m.blocks_bytes + n - 1) / n;
   if (strategy == Strategy::kLayerwise) m.kept_per_rank = m.blocks_bytes;
   if (strategy != Strategy::kResident) m.slots = 2 * block;
   m.text_encoder = safetensors_bytes_in(model.dir + "/text_encoder");

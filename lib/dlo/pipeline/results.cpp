@@ -56,7 +56,7 @@ std::string result_line(const JobResult& r) {
                          {"decode_s", r.decode_s},
                          {"encode_s", r.encode_s},
                          {"step_s", r.step_s}}},
-            {"memory", {{"rss_peak_kb", r.rss_peak_kb}, {"device_peak_bytes", r.device_peak_bytes}}},
+            {"memory", {{"rss_peak_kb", r.rss_peak_kb}, {"allocator_reserved_peak_bytes", r.allocator_reserved_peak_bytes}}},
             {"parameters", r.parameters_json.empty() ? json::object() : json::parse(r.parameters_json)}};
   return j.dump();
 }
@@ -83,7 +83,9 @@ JobResult result_from_line(const std::string& line) {
     r.encode_s = t.at("encode_s");
     r.step_s = t.at("step_s").get<std::vector<double>>();
     r.rss_peak_kb = j.at("memory").at("rss_peak_kb");
-    r.device_peak_bytes = j.at("memory").at("device_peak_bytes");
+    // Lines written before 0.1.0's GPU work name it device_peak_bytes.
+    const auto& m = j.at("memory");
+    r.allocator_reserved_peak_bytes = m.value("allocator_reserved_peak_bytes", m.value("device_peak_bytes", std::int64_t{-1}));
     r.parameters_json = j.at("parameters").dump();
     return r;
   } catch (const json::exception& e) {

@@ -27,7 +27,7 @@ struct JobResult {
   std::int64_t frames = 0, height = 0, width = 0;
   double text_s = 0, denoise_s = 0, decode_s = 0, encode_s = 0;  // encode: the writer's share of decode
   std::vector<double> step_s;
-  std::int64_t rss_peak_kb = -1, device_peak_bytes = -1;
+  std::int64_t rss_peak_kb = -1, allocator_reserved_peak_bytes = -1;  // the second: CUDA's caching allocator, process peak so far
   std::string parameters_json;  // job_parameters_json()
 };
 

@@ -1,0 +1,69 @@
+// Which offload strategy a run uses: what "auto" picks from the memory there is, and why.
+//
+// "auto" prefers, in order (engine.h): resident (every block on the device), device-shards (each
+// rank's 1/N of every block on the device, gathered from there), mixed (as many blocks' shards on
+// the device as fit, the rest streamed from host shards), dlo (host shards, pinned on CUDA) and
+// layerwise (the whole stack on every rank's host; one rank). It decides from budgets every rank
+// agreed on (the minimum over ranks), so every rank makes the same choice.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "dlo/offload/engine.h"
+
+namespace dlo {
+
+class MpiWorld;
+struct DeviceSharing;
+
+// The sizes that matter for the choice, from a StackPlan (stack_size) or by hand (tests).
+struct StackSize {
+  std::vector<std::uint64_t> block_bytes;  // per block, packed
+  std::vector<std::uint64_t> shard_bytes;  // per block, one rank's shard (the block at one rank)
+  std::uint64_t slot_bytes = 0;            // one device slot
+  int ranks = 1;
+  std::uint64_t total() const;
+  std::uint64_t shards_total() const;
+};
+StackSize stack_size(const StackPlan& plan);
+
+// What one rank may use, agreed by all ranks (the minimum over them).
+struct MemoryBudget {
+  // The device is the host (CPU run without a device budget): resident blocks are the checkpoint's
+  // page cache, one copy shared by a node's ranks, and there is no separate device memory to
+  // keep shards in.
+  bool device_is_host = true;
+  std::uint64_t device = 0;     // bytes one rank may use on its device; 0 with device_is_host
+  std::string device_why;       // where `device` comes from, for the reason line
+  std::uint64_t host = 0;       // host bytes one rank may keep (shards or stack; pinned on CUDA); 0: unknown
+  std::string host_why;
+  int ranks_per_node = 1;       // the most ranks sharing one host (CPU resident: working memory each)
+};
+
+// Collective. CUDA: the device's free memory after the caching allocator gave back its unused
+// blocks, divided by the ranks sharing that device; host: available memory divided by the ranks
+// on the node; each the minimum over all ranks. `device_budget` (bytes per rank) replaces the
+// device figure, also on the CPU (which then behaves as a device of that size, so every strategy
+// can be exercised without a GPU).
+MemoryBudget agree_memory_budget(const MpiWorld& world, c10::Device device, const DeviceSharing& sharing,
+                                 std::optional<std::uint64_t> device_budget);
+
+struct StrategyChoice {
+  Strategy strategy = Strategy::kResident;
+  std::int64_t device_blocks = 0;  // EngineOptions::device_blocks (mixed: blocks kept on the device)
+  std::string reason;
+};
+
+// `requested`: "auto" or a strategy name (strategy_name). `working`: the largest forward's bytes
+// beyond the weights (wan_forward_working_bytes). Pure: the same arguments give the same choice.
+// Throws dlo::Error for an unknown name, and when nothing fits (auto) or the requested strategy
+// cannot fit its host or device part, with the figures.
+StrategyChoice choose_strategy(const std::string& requested, const StackSize& stack, std::uint64_t working,
+                               const MemoryBudget& budget);
+
+}  // namespace dlo
