@@ -58,12 +58,17 @@ int main(int argc, char** argv) {
     if (threads > 0) at::set_num_threads(threads);
     const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
     auto model = dlo::WanTransformer::load(args["model"].as<std::string>() + "/transformer", dtype, false);
-    for (auto s : {dlo::Strategy::kResident, dlo::Strategy::kLayerwise, dlo::Strategy::kDlo}) {
+    const std::int64_t layers = model.config().num_layers;
+    for (auto s : {dlo::Strategy::kResident, dlo::Strategy::kDeviceShards, dlo::Strategy::kMixed,
+                   dlo::Strategy::kLayerwise, dlo::Strategy::kDlo}) {
+      if (s == dlo::Strategy::kMixed && layers < 2) continue;  // needs a block on each side
       dlo::WanOffloadRunner runner(model, world.size());
       dlo::agree_wave(world, static_cast<std::int64_t>(passes) * repeats + 1, runner.plan().fingerprint());
       dlo::EngineOptions eo;
       eo.strategy = s;
-      runner.start(eo, s == dlo::Strategy::kDlo && world.size() > 1 ? dlo::make_mpi_collective(world) : nullptr);
+      eo.device_blocks = layers / 2;  // mixed: half the blocks on the device
+      eo.gather_timeout_s = world.timeout_s();
+      runner.start(eo, dlo::is_sharded(s) && world.size() > 1 ? dlo::make_mpi_collective(world) : nullptr);
       runner.ghost();  // cold start excluded
       std::vector<double> us;
       for (int r = 0; r < repeats; ++r) {
@@ -77,7 +82,7 @@ int main(int argc, char** argv) {
       std::sort(us.begin(), us.end());
       const double median = us.size() % 2 ? us[us.size() / 2] : (us[us.size() / 2 - 1] + us[us.size() / 2]) / 2;
       if (world.rank() == 0)
-        std::cout << dlo::strategy_name(s) << ": " << median << " us per block transition, median of " << repeats
+        std::cout << dlo::strategy_name(s) << (s == dlo::Strategy::kMixed ? " (half on the device)" : "") << ": " << median << " us per block transition, median of " << repeats
                   << " (range " << us.front() << "-" << us.back() << "; " << world.size() << " ranks, block "
                   << runner.plan().block(0).bytes << " bytes, " << passes << " passes each, slowest rank)\n";
     }

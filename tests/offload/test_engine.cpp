@@ -1,6 +1,8 @@
-// The offload engine under mpirun -np 1..4: every strategy gives bitwise the same result as the
-// resident model, with guidance, over consecutive passes, with ranks that have less or no work;
-// blocks of different sizes and dtypes are gathered exactly.
+// The offload engine under mpirun -np 1..4: every strategy (resident, device-shards, mixed with 1 and
+// n-1 device blocks, dlo, layerwise) gives bitwise the same result as the resident model, with
+// guidance, over consecutive passes, with ranks that have less or no work; what each keeps and
+// moves per pass equals what the plan says by hand; blocks of different sizes and dtypes are
+// gathered exactly.
 #include "common/doctest_torch.h"
 
 #include <filesystem>
@@ -43,12 +45,93 @@ class SharedDir {
 };
 
 std::unique_ptr<Collective> collective_for(Strategy s) {
-  return s == Strategy::kDlo && world().size() > 1 ? make_mpi_collective(world()) : nullptr;
+  return is_sharded(s) && world().size() > 1 ? make_mpi_collective(world()) : nullptr;
+}
+
+// A strategy as the tests run it: mixed twice, with the fewest and the most device-held blocks.
+struct Mode {
+  Strategy strategy;
+  std::int64_t device_blocks = 0;
+  std::string label;
+};
+
+std::vector<Mode> every_mode(std::int64_t blocks) {
+  return {{Strategy::kResident, 0, "resident"},
+          {Strategy::kDeviceShards, 0, "device-shards"},
+          {Strategy::kMixed, 1, "mixed, 1 block on the device"},
+          {Strategy::kMixed, blocks - 1, "mixed, all but 1 block on the device"},
+          {Strategy::kDlo, 0, "dlo"},
+          {Strategy::kLayerwise, 0, "layerwise"}};
+}
+
+EngineOptions options_for(const Mode& m) {
+  EngineOptions eo;
+  eo.strategy = m.strategy;
+  eo.device_blocks = m.device_blocks;
+  return eo;
+}
+
+// What an engine must keep and move, by hand from the plan (engine.h's rules, not its code):
+// - device-held blocks: all for device-shards, 0..device_blocks-1 for mixed; their shard lives in
+//   device memory, every other streamed block's part (shard, or the whole block padded to 256 bytes
+//   for layerwise) in host memory;
+// - every non-resident block goes through the two slots, except device-held blocks at one rank,
+//   which are used in place;
+// - each visit of a block through a slot moves the block's bytes into the slot, copies its part
+//   from host memory (unless device-held), and gathers shard * (ranks - 1) bytes (sharded only);
+// - the ring prefetches one block ahead, so with more than two slot blocks every pass refills each
+//   of them once (and the last prefetch brings block 0 once more when it is a slot block); with at
+//   most two they stay in the slots after their first visit.
+struct Expected {
+  std::uint64_t host_bytes = 0, device_shard_bytes = 0, slot_bytes = 0;
+  std::vector<bool> slotted;  // [block] goes through the slots
+  std::vector<std::uint64_t> streamed, h2d, gathered;  // [block] per visit through a slot
+  bool refilled_every_pass = false;
+
+  // A counter after `passes` traversals from a cold start.
+  std::uint64_t total(const std::vector<std::uint64_t>& per_visit, std::uint64_t passes) const {
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i < per_visit.size(); ++i)
+      if (slotted[i]) sum += per_visit[i];
+    if (!refilled_every_pass) return sum;
+    return passes * sum + (slotted[0] ? per_visit[0] : 0);
+  }
+  // The counter's increase over one pass in steady state.
+  std::uint64_t per_pass(const std::vector<std::uint64_t>& per_visit) const {
+    return refilled_every_pass ? total(per_visit, 1) - (slotted[0] ? per_visit[0] : 0) : 0;
+  }
+};
+
+Expected expected(const StackPlan& plan, const Mode& m, int ranks) {
+  Expected e;
+  const bool sharded = m.strategy == Strategy::kDeviceShards || m.strategy == Strategy::kMixed ||
+                       m.strategy == Strategy::kDlo;
+  std::int64_t slot_blocks = 0;
+  for (std::int64_t i = 0; i < plan.num_blocks(); ++i) {
+    const std::uint64_t shard = plan.shard_bytes(i), bytes = plan.block(i).bytes;
+    const bool on_device = m.strategy == Strategy::kDeviceShards || (m.strategy == Strategy::kMixed && i < m.device_blocks);
+    const bool slotted = m.strategy != Strategy::kResident && !(on_device && ranks == 1);
+    const std::uint64_t part = sharded ? shard : bytes;
+    if (m.strategy != Strategy::kResident) {
+      if (on_device) e.device_shard_bytes += shard;
+      else e.host_bytes += sharded ? shard : (bytes + 255) / 256 * 256;
+    }
+    if (slotted) {
+      ++slot_blocks;
+      e.slot_bytes = std::max({e.slot_bytes, shard * static_cast<std::uint64_t>(ranks), std::uint64_t{256}});
+    }
+    e.slotted.push_back(slotted);
+    e.streamed.push_back(bytes);
+    e.h2d.push_back(on_device ? 0 : part);
+    e.gathered.push_back(sharded ? shard * static_cast<std::uint64_t>(ranks - 1) : 0);
+  }
+  e.refilled_every_pass = slot_blocks > 2;
+  return e;
 }
 
 }  // namespace
 
-TEST_CASE("Wan forward through resident, layerwise and dlo engines equals the resident model bit for bit") {
+TEST_CASE("Wan forward through every strategy equals the resident model bit for bit; stats as planned") {
   SharedDir dir;
   auto c = WanTransformerConfig::preset("wan-test");
   c.num_layers = 5;  // odd: slot parity flips between passes
@@ -64,17 +147,16 @@ TEST_CASE("Wan forward through resident, layerwise and dlo engines equals the re
   const at::Tensor want_cond = reference.forward(cond.hidden_states, cond.timestep, cond.encoder_hidden_states);
   const at::Tensor want_uncond = reference.forward(uncond.hidden_states, uncond.timestep, uncond.encoder_hidden_states);
 
-  for (Strategy s : {Strategy::kResident, Strategy::kLayerwise, Strategy::kDlo}) {
-    CAPTURE(strategy_name(s));
+  for (const Mode& m : every_mode(c.num_layers)) {
+    CAPTURE(m.label);
+    const Strategy s = m.strategy;
     auto model = WanTransformer::load(dir.file("t"), at::kFloat, /*load_blocks=*/false);
     WanOffloadRunner runner(model, world().size());
     // Rank r has r % 3 passes (2 alone): some ranks compute 2, some 1, some none (ghosts).
     const std::int64_t mine = world().size() == 1 ? 2 : world().rank() % 3;
     const WaveSchedule wave = agree_wave(world(), mine, runner.plan().fingerprint());
     CHECK(wave.length == world().allreduce_max(mine));
-    EngineOptions eo;
-    eo.strategy = s;
-    runner.start(eo, collective_for(s));
+    runner.start(options_for(m), collective_for(s));
     for (std::int64_t p = 0; p < wave.length; ++p) {
       if (p < mine) {
         auto out = runner.forward({cond, uncond});
@@ -88,16 +170,24 @@ TEST_CASE("Wan forward through resident, layerwise and dlo engines equals the re
     CHECK(at::equal(runner.forward({cond})[0], want_cond));
 
     // Counted, not derived from the stats: wave.length traversals (guidance included: both
-    // branches share one), plus the second wave's one. The cold start brings block 0 once more.
+    // branches share one), plus the second wave's one.
     const EngineStats st = runner.engine().stats();
     const auto traversals = static_cast<std::uint64_t>(wave.length + 1);
+    const Expected want = expected(runner.plan(), m, world().size());
+    CHECK(st.strategy == strategy_name(s));
     CHECK(st.blocks_acquired == traversals * static_cast<std::uint64_t>(c.num_layers));
-    if (s == Strategy::kResident) {
-      CHECK(st.bytes_streamed == 0);
-    } else {
-      CHECK(st.bytes_streamed == traversals * runner.plan().total_bytes() + runner.plan().block(0).bytes);
-    }
+    CHECK(st.bytes_streamed == want.total(want.streamed, traversals));
+    CHECK(st.h2d_bytes == want.total(want.h2d, traversals));
+    CHECK(st.bytes_gathered == want.total(want.gathered, traversals));
+    CHECK(st.host_bytes == want.host_bytes);
+    CHECK(st.pinned_bytes == 0);
+    CHECK(st.device_shard_bytes == want.device_shard_bytes);
+    CHECK(st.slot_bytes == want.slot_bytes);
+    CHECK(st.device_bytes == 2 * want.slot_bytes + want.device_shard_bytes);
+    if (s == Strategy::kResident) CHECK(st.bytes_streamed == 0);
     if (s == Strategy::kDlo) CHECK(st.host_bytes * world().size() < runner.plan().total_bytes() + 1024 * world().size() * c.num_layers);
+    if (s == Strategy::kDeviceShards) CHECK(st.h2d_bytes == 0);
+    if (s == Strategy::kDeviceShards && world().size() > 1) CHECK(st.bytes_gathered > 0);
   }
 }
 
@@ -118,22 +208,19 @@ TEST_CASE("guidance streams each block once per denoising step: bytes and blocks
   constexpr int kSteps = 3;
   const auto layers = static_cast<std::uint64_t>(c.num_layers);
 
-  for (Strategy s : {Strategy::kResident, Strategy::kLayerwise, Strategy::kDlo}) {
-    CAPTURE(strategy_name(s));
+  for (const Mode& m : every_mode(c.num_layers)) {
+    CAPTURE(m.label);
+    const Strategy s = m.strategy;
     auto model = WanTransformer::load(dir.file("g"), at::kFloat, /*load_blocks=*/false);
     WanOffloadRunner runner(model, world().size());
     agree_wave(world(), 1 + 3 * kSteps, runner.plan().fingerprint());
-    EngineOptions eo;
-    eo.strategy = s;
-    runner.start(eo, collective_for(s));
+    runner.start(options_for(m), collective_for(s));
     const StackPlan& plan = runner.plan();
-    std::uint64_t gathered_per_step = 0;
-    for (std::int64_t i = 0; i < plan.num_blocks(); ++i)
-      gathered_per_step += plan.shard_bytes(i) * static_cast<std::uint64_t>(world().size() - 1);
+    const Expected want = expected(plan, m, world().size());
     runner.forward({cond});  // warm-up: the cold start brings block 0 one extra time
 
     struct Step {
-      std::uint64_t blocks, bytes, gathered;
+      std::uint64_t blocks, bytes, gathered, h2d;
     };
     // One denoising step; `guidance`: both branches.
     auto step = [&](bool guidance) {
@@ -144,7 +231,7 @@ TEST_CASE("guidance streams each block once per denoising step: bytes and blocks
       CHECK(at::equal(out[0], want_cond));
       if (guidance) CHECK(at::equal(out[1], want_uncond));
       return Step{after.blocks_acquired - before.blocks_acquired, after.bytes_streamed - before.bytes_streamed,
-                  after.bytes_gathered - before.bytes_gathered};
+                  after.bytes_gathered - before.bytes_gathered, after.h2d_bytes - before.h2d_bytes};
     };
     std::vector<Step> plain, guided;
     for (int k = 0; k < kSteps; ++k) plain.push_back(step(false));
@@ -154,10 +241,28 @@ TEST_CASE("guidance streams each block once per denoising step: bytes and blocks
       CHECK(guided[k].blocks == plain[k].blocks);
       CHECK(guided[k].bytes == plain[k].bytes);
       CHECK(guided[k].gathered == plain[k].gathered);
+      CHECK(guided[k].h2d == plain[k].h2d);
       // And what one step must cost: every block once, by hand from the plan.
       CHECK(guided[k].blocks == layers);
-      CHECK(guided[k].bytes == (s == Strategy::kResident ? 0 : plan.total_bytes()));
-      CHECK(guided[k].gathered == (s == Strategy::kDlo ? gathered_per_step : 0));
+      CHECK(guided[k].bytes == want.per_pass(want.streamed));
+      CHECK(guided[k].gathered == want.per_pass(want.gathered));
+      CHECK(guided[k].h2d == want.per_pass(want.h2d));
+    }
+    // The plain cases, spelled out: dlo and layerwise move the whole stack each step; device
+    // shards copy nothing from the host; mixed copies exactly the host-held blocks' shards.
+    std::uint64_t host_held_shards = 0, gathered_all = 0;
+    for (std::int64_t i = 0; i < plan.num_blocks(); ++i) {
+      if (i >= m.device_blocks) host_held_shards += plan.shard_bytes(i);
+      gathered_all += plan.shard_bytes(i) * static_cast<std::uint64_t>(world().size() - 1);
+    }
+    if (s == Strategy::kDlo || s == Strategy::kLayerwise) CHECK(guided[0].bytes == plan.total_bytes());
+    if (s == Strategy::kDlo) CHECK(guided[0].gathered == gathered_all);
+    if (s == Strategy::kDeviceShards) CHECK(guided[0].h2d == 0);
+    if (s == Strategy::kMixed && m.device_blocks == 1) CHECK(guided[0].h2d == host_held_shards);
+    if (is_sharded(s) && world().size() > 1) {
+      CHECK(guided[0].bytes == plan.total_bytes());
+      CHECK(guided[0].gathered == gathered_all);
+      if (s == Strategy::kMixed) CHECK(guided[0].h2d == host_held_shards);
     }
     // Mixed: even ranks guide, odd ranks do not. Each rank still makes one traversal per step;
     // a rank that made two would leave the others in a gather (the test watchdog ends that run).
@@ -201,14 +306,17 @@ TEST_CASE("blocks of different sizes and dtypes are gathered exactly, padding an
   for (std::int64_t i = 0; i < exact.num_blocks(); ++i) largest = std::max(largest, exact.padded_bytes(i));
   CHECK(exact.slot_bytes() == largest);
 
-  for (Strategy s : {Strategy::kLayerwise, Strategy::kDlo}) {
-    CAPTURE(strategy_name(s));
+  for (const Mode& m : every_mode(exact.num_blocks())) {
+    if (m.strategy == Strategy::kResident) continue;
+    CAPTURE(m.label);
+    const Strategy s = m.strategy;
     auto coll = collective_for(s);
-    EngineOptions eo;
-    eo.strategy = s;
+    EngineOptions eo = options_for(m);
     eo.collective = coll.get();
     BlockEngine engine(exact, eo);
-    CHECK(engine.stats().slot_bytes == std::max<std::uint64_t>(largest, kShardAlign));
+    CHECK(engine.stats().slot_bytes == expected(exact, m, world().size()).slot_bytes);
+    if (world().size() > 1 || !(s == Strategy::kDeviceShards || s == Strategy::kMixed))
+      CHECK(engine.stats().slot_bytes == std::max<std::uint64_t>(largest, kShardAlign));
     for (int pass = 0; pass < 3; ++pass) {
       engine.traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
         const auto& names = blocks[static_cast<std::size_t>(i)];
@@ -220,6 +328,38 @@ TEST_CASE("blocks of different sizes and dtypes are gathered exactly, padding an
         }
       });
     }
+  }
+}
+
+TEST_CASE("mixed needs 0 < device_blocks < blocks; every rank refuses 0 and all with the same message") {
+  SharedDir dir;
+  auto c = WanTransformerConfig::preset("wan-test");
+  c.num_layers = 3;
+  if (world().rank() == 0) write_random_wan_transformer(dir.file("m"), c, DType::F32, 13, 0);
+  world().barrier();
+  auto model = WanTransformer::load(dir.file("m"), at::kFloat, /*load_blocks=*/false);
+  WanOffloadRunner runner(model, world().size());
+  for (std::int64_t k : {std::int64_t{0}, std::int64_t{3}, std::int64_t{-1}, std::int64_t{4}}) {
+    CAPTURE(k);
+    auto coll = collective_for(Strategy::kMixed);
+    EngineOptions eo;
+    eo.strategy = Strategy::kMixed;
+    eo.device_blocks = k;
+    eo.collective = coll.get();
+    CHECK_THROWS_WITH_AS(BlockEngine(runner.plan(), eo),
+                         doctest::Contains(str("needs 0 < device_blocks < 3 (the number of blocks); got device_blocks = ", k).c_str()),
+                         dlo::Error);
+  }
+  // device-shards and dlo ignore device_blocks.
+  for (Strategy s : {Strategy::kDeviceShards, Strategy::kDlo}) {
+    auto coll = collective_for(s);
+    EngineOptions eo;
+    eo.strategy = s;
+    eo.device_blocks = 7;
+    eo.collective = coll.get();
+    BlockEngine engine(runner.plan(), eo);
+    engine.traverse(nullptr);
+    CHECK(engine.stats().blocks_acquired == 3);
   }
 }
 
@@ -244,14 +384,13 @@ TEST_CASE("the UMT5 text encoder streams through the engine with the same result
   at::Tensor mask = at::ones({2, 9}, at::kLong);
   mask[1].slice(0, 5).fill_(0);  // the second prompt is shorter
   const at::Tensor want = resident.forward(ids, mask);
-  for (Strategy s : {Strategy::kLayerwise, Strategy::kDlo}) {
-    CAPTURE(strategy_name(s));
+  for (const Mode& m : every_mode(c.num_layers)) {
+    if (m.strategy == Strategy::kResident) continue;
+    CAPTURE(m.label);
     auto streamed = Umt5Encoder::load(dir.file("te"), at::kFloat, /*load_blocks=*/false);
     Umt5OffloadRunner runner(streamed, world().size());
     agree_wave(world(), 2, runner.plan().fingerprint());
-    EngineOptions eo;
-    eo.strategy = s;
-    runner.start(eo, collective_for(s));
+    runner.start(options_for(m), collective_for(m.strategy));
     for (int pass = 0; pass < 2; ++pass) CHECK(at::equal(runner.encode(ids, mask), want));
   }
 }

@@ -1,28 +1,19 @@
+// The engine's shared logic: which block's part is kept where, which block is in which slot, the
+// ring order and the statistics. Moving bytes is the transport's job (transport.h).
 #include "dlo/offload/engine.h"
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
 #include <exception>
-#include <mutex>
-#include <thread>
+#include <string>
 
 #include <ATen/ATen.h>
 
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
-#include "dlo/dist/mpi_world.h"
 #include "dlo/io/tensor_view.h"
-
-#ifdef DLO_HAVE_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
+#include "dlo/offload/transport.h"
 
 namespace dlo {
 
@@ -47,65 +38,28 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-[[maybe_unused]] std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+// The one place that knows which transports this build has.
+std::unique_ptr<Transport> make_transport(const TransportOptions& o) {
+  if (!o.device.is_cuda()) return make_cpu_transport(o);
+#ifdef DLO_HAVE_CUDA
+  return make_cuda_transport(o);
+#else
+  DLO_CHECK(false, "this dlo was built without CUDA (device ", o.device.str(), ")");
+#endif
 }
 
-#ifdef DLO_HAVE_CUDA
-void cuda_check(cudaError_t e, const char* what) {
-  DLO_CHECK(e == cudaSuccess, "CUDA ", what, " failed: ", cudaGetErrorString(e));
-}
-#endif
-
-// Host memory for shards or whole blocks: page-locked for CUDA (exact size, not the caching
-// host allocator's power-of-two rounding), 4 KiB-aligned pageable memory otherwise.
-class HostArena {
- public:
-  HostArena() = default;
-  HostArena(std::uint64_t bytes, bool pinned) : bytes_(bytes), pinned_(pinned) {
-    if (bytes == 0) return;
-#ifdef DLO_HAVE_CUDA
-    if (pinned) {
-      void* p = nullptr;
-      cuda_check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc");
-      data_ = static_cast<std::byte*>(p);
-      return;
-    }
-#endif
-    DLO_ASSERT(!pinned, "pinned memory without CUDA");
-    void* p = nullptr;
-    DLO_CHECK(posix_memalign(&p, 4096, bytes) == 0, "cannot allocate ", bytes, " bytes of host memory");
-    data_ = static_cast<std::byte*>(p);
-  }
-  ~HostArena() { reset(); }
-  HostArena(HostArena&& o) noexcept { *this = std::move(o); }
-  HostArena& operator=(HostArena&& o) noexcept {
-    reset();
-    std::swap(data_, o.data_);
-    std::swap(bytes_, o.bytes_);
-    std::swap(pinned_, o.pinned_);
-    return *this;
-  }
-  std::byte* data() const { return data_; }
-  std::uint64_t bytes() const { return bytes_; }
-  bool pinned() const { return pinned_; }
-
- private:
-  void reset() {
-    if (data_ == nullptr) return;
-#ifdef DLO_HAVE_CUDA
-    if (pinned_) {
-      cudaFreeHost(data_);
-      data_ = nullptr;
-      return;
-    }
-#endif
-    std::free(data_);
-    data_ = nullptr;
-  }
-  std::byte* data_ = nullptr;
-  std::uint64_t bytes_ = 0;
-  bool pinned_ = false;
+// Where a streamed block's part (this rank's shard, or the whole block for layerwise) is kept,
+// and where it lands in a slot.
+struct Part {
+  bool on_device = false;          // in the device arena (device shards), else in host memory
+  bool direct = false;             // device-held at one rank: the arena's views are the block, no slot
+  std::uint64_t offset = 0;        // in its arena
+  std::uint64_t bytes = 0;         // copied into the slot
+  std::uint64_t slot_offset = 0;   // rank * shard for sharded blocks
+  std::uint64_t gather_shard = 0;  // sharded: the AllGather's shard bytes; 0: no gather
 };
 
 }  // namespace
@@ -122,9 +76,11 @@ struct BlockEngine::Impl {
   std::vector<std::vector<at::Tensor>> resident;
   std::vector<at::Tensor> resident_buffers;
 
-  // layerwise / dlo: what this rank keeps on the host, and where each block's part starts
-  HostArena host;
-  std::vector<std::uint64_t> host_offset;
+  // streamed strategies: where each block's part is kept
+  std::vector<Part> parts;
+  std::unique_ptr<HostMemory> host;
+  at::Tensor device_arena;                            // device shards, one allocation
+  std::vector<std::vector<at::Tensor>> direct_views;  // [block]; empty unless parts[i].direct
   // two slots, their block views, and their state
   std::array<at::Tensor, 2> slot;
   std::array<std::vector<std::vector<at::Tensor>>, 2> views;  // [slot][block]
@@ -132,29 +88,8 @@ struct BlockEngine::Impl {
   std::array<bool, 2> in_use{false, false};
   int next_slot = 0;
 
-  // CPU transfer thread
-  std::thread worker;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::pair<std::int64_t, int>> queue;  // (block, slot)
-  std::array<std::int64_t, 2> slot_done{-1, -1};   // block whose transfer into the slot finished
-  bool stopping = false;
-  std::exception_ptr worker_error;
-
-#ifdef DLO_HAVE_CUDA
-  cudaStream_t copy_stream = nullptr, comm_stream = nullptr;
-  std::array<cudaEvent_t, 2> ready_event{}, free_event{}, copied_event{};
-  std::array<bool, 2> free_recorded{false, false};
-  std::vector<cudaEvent_t> stall_begin, stall_end;  // per block: compute-stream wait, for exposed time
-  std::vector<bool> stall_pending;
-  std::thread watchdog;
-  std::atomic<bool> watchdog_stop{false};
-  // The newest gather the watchdog times: its slot (-1: none) and when it was enqueued.
-  std::atomic<int> watch_slot{-1};
-  std::atomic<std::int64_t> watch_block{-1};
-  std::atomic<std::int64_t> watch_since_ms{0};
-  cudaStream_t compute_stream() const { return c10::cuda::getCurrentCUDAStream(opt.device.index()).stream(); }
-#endif
+  // Declared last and reset first (~Impl): transfers in flight end before the memory goes.
+  std::unique_ptr<Transport> transport;
 
   Impl(const StackPlan& p, const EngineOptions& o) : plan(p), opt(o), n(p.num_blocks()) {
     cuda = opt.device.is_cuda();
@@ -163,48 +98,55 @@ struct BlockEngine::Impl {
       rank = opt.collective->rank();
       ranks = opt.collective->size();
     }
-    DLO_CHECK(opt.strategy != Strategy::kDlo || ranks == plan.ranks(), "the stack was planned for ", plan.ranks(),
+    DLO_CHECK(!is_sharded(opt.strategy) || ranks == plan.ranks(), "the stack was planned for ", plan.ranks(),
               " ranks but the collective has ", ranks);
-#ifndef DLO_HAVE_CUDA
-    DLO_CHECK(!cuda, "this dlo was built without CUDA");
-#endif
-    DLO_CHECK(opt.strategy != Strategy::kDeviceShards && opt.strategy != Strategy::kMixed, "the ",
-              strategy_name(opt.strategy), " strategy is not implemented yet");
+    DLO_CHECK(opt.strategy != Strategy::kMixed || (opt.device_blocks > 0 && opt.device_blocks < n),
+              "the mixed strategy keeps blocks 0..device_blocks-1 on the device and the rest on the host, so it "
+              "needs 0 < device_blocks < ",
+              n, " (the number of blocks); got device_blocks = ", opt.device_blocks,
+              " (device-shards keeps every block on the device, dlo none)");
+    DLO_CHECK(opt.gather_timeout_s > 0, "the gather timeout must be > 0 seconds, got ", opt.gather_timeout_s);
   }
+
+  ~Impl() { transport.reset(); }
 
   // ---- set-up
   void build() {
     const auto t0 = Clock::now();
+    transport = make_transport({opt.device, opt.collective, n, opt.gather_timeout_s});
     if (opt.strategy == Strategy::kResident) {
       build_resident();
     } else {
-      build_host();
+      build_parts();
       build_slots();
     }
     stats.pack_s = seconds_since(t0);
   }
 
   void build_resident() {
-    for (std::int64_t i = 0; i < n; ++i) {
-      const BlockPlan& b = plan.block(i);
-      if (!cuda) {
-        // The checkpoint's own pages: shared by all ranks, no copy unless the dtype differs.
+    if (!cuda) {
+      // The checkpoint's own pages: shared by all ranks, no copy unless the dtype differs.
+      for (std::int64_t i = 0; i < n; ++i) {
         std::vector<at::Tensor> v;
-        for (const auto& t : b.tensors) v.push_back(as_packed(tensor_view(plan.checkpoint(), *t.source), t.dtype));
+        for (const auto& t : plan.block(i).tensors)
+          v.push_back(as_packed(tensor_view(plan.checkpoint(), *t.source), t.dtype));
         resident.push_back(std::move(v));
-        continue;
       }
-#ifdef DLO_HAVE_CUDA
-      HostArena staging(b.bytes, false);
-      plan.pack(i, 0, b.bytes, staging.data(), false);
-      at::Tensor buf = at::empty({static_cast<std::int64_t>(std::max<std::uint64_t>(b.bytes, 1))},
-                                 at::TensorOptions().dtype(at::kByte).device(opt.device));
-      cuda_check(cudaMemcpy(buf.data_ptr(), staging.data(), b.bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-      resident.push_back(plan.views(i, static_cast<std::byte*>(buf.data_ptr()), opt.device));
-      resident_buffers.push_back(buf);
-      stats.device_bytes += b.bytes;
-#endif
+      return;
     }
+    std::vector<Upload> uploads;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint64_t bytes = plan.block(i).bytes;
+      at::Tensor buf = transport->device_memory(bytes);
+      auto* base = static_cast<std::byte*>(buf.data_ptr());
+      uploads.push_back({base, bytes, [this, i](std::byte* out, std::uint64_t b, std::uint64_t e) {
+                           plan.pack(i, b, e, out, false);
+                         }});
+      resident.push_back(plan.views(i, base, opt.device));
+      resident_buffers.push_back(buf);
+      stats.device_bytes += bytes;
+    }
+    transport->upload(uploads);
   }
 
   static at::Tensor as_packed(const at::Tensor& t, DType d) {
@@ -212,194 +154,108 @@ struct BlockEngine::Impl {
     return t.scalar_type() == st ? t : t.to(st);
   }
 
-  void build_host() {
-    const bool dlo = opt.strategy == Strategy::kDlo;
-    std::uint64_t total = 0;
+  // Plans every block's part, then packs the host-held parts into one host arena and uploads the
+  // device-held ones into one device arena (this rank's bytes only, each read from the checkpoint
+  // once).
+  void build_parts() {
+    const bool sharded = is_sharded(opt.strategy);
+    const std::int64_t on_device = opt.strategy == Strategy::kDeviceShards ? n
+                                   : opt.strategy == Strategy::kMixed     ? opt.device_blocks
+                                                                          : 0;
+    std::uint64_t host_total = 0, device_total = 0;
     for (std::int64_t i = 0; i < n; ++i) {
-      host_offset.push_back(total);
-      total += dlo ? plan.shard_bytes(i) : (plan.block(i).bytes + kShardAlign - 1) / kShardAlign * kShardAlign;
+      const std::uint64_t shard = plan.shard_bytes(i), bytes = plan.block(i).bytes;
+      Part p;
+      p.on_device = i < on_device;
+      p.direct = p.on_device && ranks == 1;
+      p.bytes = sharded ? shard : bytes;
+      p.slot_offset = sharded ? shard * static_cast<std::uint64_t>(rank) : 0;
+      p.gather_shard = sharded ? shard : 0;
+      std::uint64_t& total = p.on_device ? device_total : host_total;
+      p.offset = total;
+      total += sharded ? shard : align_up(bytes, kShardAlign);
+      parts.push_back(p);
     }
-    host = HostArena(total, cuda);
-    stats.host_bytes = total;
-    stats.pinned_bytes = cuda ? total : 0;
+    const bool release = !opt.keep_page_cache;
+
+    host = transport->host_memory(host_total);
+    stats.host_bytes = host_total;
+    stats.pinned_bytes = host->pinned() ? host_total : 0;
     for (std::int64_t i = 0; i < n; ++i) {
-      if (dlo) {
-        const std::uint64_t s = plan.shard_bytes(i), begin = s * static_cast<std::uint64_t>(rank);
-        plan.pack(i, begin, begin + s, host.data() + host_offset[i], !opt.keep_page_cache);
-      } else {
-        plan.pack(i, 0, plan.block(i).bytes, host.data() + host_offset[i], !opt.keep_page_cache);
-      }
+      const Part& p = parts[static_cast<std::size_t>(i)];
+      if (!p.on_device) plan.pack(i, p.slot_offset, p.slot_offset + p.bytes, host->data() + p.offset, release);
     }
+
+    direct_views.resize(static_cast<std::size_t>(n));
+    stats.device_shard_bytes = device_total;
+    if (device_total == 0) return;
+    device_arena = transport->device_memory(device_total);
+    auto* base = static_cast<std::byte*>(device_arena.data_ptr());
+    std::vector<Upload> uploads;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const Part& p = parts[static_cast<std::size_t>(i)];
+      if (!p.on_device) continue;
+      const std::uint64_t begin = p.slot_offset;
+      uploads.push_back({base + p.offset, p.bytes, [this, i, begin, release](std::byte* out, std::uint64_t b,
+                                                                             std::uint64_t e) {
+                           plan.pack(i, begin + b, begin + e, out, release);
+                         }});
+      if (p.direct) direct_views[static_cast<std::size_t>(i)] = plan.views(i, base + p.offset, opt.device);
+    }
+    transport->upload(uploads);
   }
 
+  // Two slots, each as large as the largest padded block that goes through them.
   void build_slots() {
-    const std::uint64_t bytes = std::max<std::uint64_t>(plan.slot_bytes(), kShardAlign);
-    stats.slot_bytes = bytes;
-    for (int s = 0; s < 2; ++s) {
-      slot[s] = at::empty({static_cast<std::int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(opt.device));
-      if (!cuda) std::memset(slot[s].data_ptr(), 0, bytes);
-      for (std::int64_t i = 0; i < n; ++i)
-        views[s].push_back(plan.views(i, static_cast<std::byte*>(slot[s].data_ptr()), opt.device));
-    }
-    stats.device_bytes = cuda ? 2 * bytes : 0;
-    if (!cuda) {
-      worker = std::thread([this] { worker_loop(); });
-      return;
-    }
-#ifdef DLO_HAVE_CUDA
-    cuda_check(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cuda_check(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    for (int s = 0; s < 2; ++s) {
-      cuda_check(cudaEventCreateWithFlags(&ready_event[s], cudaEventDisableTiming), "cudaEventCreate");
-      cuda_check(cudaEventCreateWithFlags(&free_event[s], cudaEventDisableTiming), "cudaEventCreate");
-      cuda_check(cudaEventCreateWithFlags(&copied_event[s], cudaEventDisableTiming), "cudaEventCreate");
-    }
-    stall_begin.resize(static_cast<std::size_t>(n));
-    stall_end.resize(static_cast<std::size_t>(n));
-    stall_pending.assign(static_cast<std::size_t>(n), false);
-    for (std::int64_t i = 0; i < n; ++i) {
-      cuda_check(cudaEventCreate(&stall_begin[i]), "cudaEventCreate");
-      cuda_check(cudaEventCreate(&stall_end[i]), "cudaEventCreate");
-    }
-    if (opt.collective != nullptr && opt.strategy == Strategy::kDlo) {
-      // A dead peer or a network fault must end the job with a message, not a hang: NCCL's
-      // asynchronous errors are polled, and a gather that has not finished in
-      // DLO_GATHER_TIMEOUT_S seconds (default 600) ends every rank.
-      const char* env = std::getenv("DLO_GATHER_TIMEOUT_S");
-      const std::int64_t timeout_ms = (env != nullptr ? std::atoll(env) : 600) * 1000;
-      cuda_check(cudaSetDevice(opt.device.index()), "cudaSetDevice");
-      watchdog = std::thread([this, timeout_ms] {
-        cudaSetDevice(opt.device.index());
-        while (!watchdog_stop.load()) {
-          try {
-            opt.collective->check_async_error();
-            const int s = watch_slot.load();
-            if (s >= 0 && cudaEventQuery(ready_event[s]) == cudaErrorNotReady &&
-                now_ms() - watch_since_ms.load() > timeout_ms)
-              throw Error(str("the gather of block ", watch_block.load(), " has not finished in ", timeout_ms / 1000,
-                              " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"));
-          } catch (const std::exception& e) {
-            opt.collective->abort();
-            MpiWorld::abort(std::string("weight gather: ") + e.what());
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        }
-      });
-    }
-#endif
-  }
-
-  ~Impl() {
-    if (worker.joinable()) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        stopping = true;
-      }
-      cv.notify_all();
-      worker.join();
-    }
-#ifdef DLO_HAVE_CUDA
-    if (cuda && opt.strategy != Strategy::kResident) {
-      cudaStreamSynchronize(comm_stream);
-      cudaStreamSynchronize(copy_stream);
-      watchdog_stop = true;
-      if (watchdog.joinable()) watchdog.join();
+    std::uint64_t largest = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!parts[static_cast<std::size_t>(i)].direct) largest = std::max(largest, plan.padded_bytes(i));
+    if (largest > 0) {
+      const std::uint64_t bytes = std::max<std::uint64_t>(largest, kShardAlign);
+      stats.slot_bytes = bytes;
       for (int s = 0; s < 2; ++s) {
-        cudaEventDestroy(ready_event[s]);
-        cudaEventDestroy(free_event[s]);
-        cudaEventDestroy(copied_event[s]);
+        slot[s] = transport->device_memory(bytes);
+        for (std::int64_t i = 0; i < n; ++i)
+          views[s].push_back(parts[static_cast<std::size_t>(i)].direct
+                                 ? std::vector<at::Tensor>{}
+                                 : plan.views(i, static_cast<std::byte*>(slot[s].data_ptr()), opt.device));
       }
-      for (std::size_t i = 0; i < stall_begin.size(); ++i) {
-        cudaEventDestroy(stall_begin[i]);
-        cudaEventDestroy(stall_end[i]);
-      }
-      cudaStreamDestroy(copy_stream);
-      cudaStreamDestroy(comm_stream);
     }
-#endif
+    stats.device_bytes = 2 * stats.slot_bytes + stats.device_shard_bytes;
   }
 
   // ---- transfers
-  // The bytes a transfer of block j moves into a slot, and from where.
-  void transfer_cpu(std::int64_t j, int s) {
-    if (j == opt.fail_at_block) throw Error(str("injected fault while transferring block ", j, " (fail_at_block)"));
-    auto* dst = static_cast<std::byte*>(slot[s].data_ptr());
-    if (opt.strategy == Strategy::kDlo) {
-      const std::uint64_t shard = plan.shard_bytes(j);
-      std::memcpy(dst + shard * static_cast<std::uint64_t>(rank), host.data() + host_offset[j], shard);
-      if (opt.collective != nullptr) opt.collective->allgather_inplace(dst, shard);
-    } else {
-      std::memcpy(dst, host.data() + host_offset[j], plan.block(j).bytes);
-    }
-  }
-
-  void worker_loop() {
-    for (;;) {
-      std::pair<std::int64_t, int> task;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;  // stopping, nothing pending
-        task = queue.front();
-      }
-      try {
-        if (!worker_error) transfer_cpu(task.first, task.second);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        worker_error = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        queue.pop_front();
-        slot_done[task.second] = task.first;
-      }
-      cv.notify_all();
-    }
-  }
-
+  // Starts bringing block j into the next slot, unless it is already there or on its way (n <= 2,
+  // or at most two blocks go through the slots).
   void request(std::int64_t j) {
     for (int s = 0; s < 2; ++s)
-      if (slot_block[s] == j) return;  // already there or on its way (n <= 2): nothing to move
+      if (slot_block[s] == j) return;
+    const Part& p = parts[static_cast<std::size_t>(j)];
+    DLO_ASSERT(!p.direct, "block ", j, " is served in place");
     const int s = next_slot;
     DLO_ASSERT(!in_use[s], "slot ", s, " is still in use by block ", slot_block[s], "; release it first");
     next_slot ^= 1;
     slot_block[s] = j;
-    const std::uint64_t bytes = plan.block(j).bytes;
-    stats.bytes_streamed += bytes;
-    if (opt.strategy == Strategy::kDlo)
-      stats.bytes_gathered += plan.shard_bytes(j) * static_cast<std::uint64_t>(ranks - 1);
-    if (!cuda) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        slot_done[s] = -1;
-        queue.emplace_back(j, s);
-      }
-      cv.notify_all();
-      return;
-    }
-#ifdef DLO_HAVE_CUDA
-    if (j == opt.fail_at_block) throw Error(str("injected fault while transferring block ", j, " (fail_at_block)"));
-    // Write-after-read guard: the slot's previous block must be done on the compute stream.
-    if (free_recorded[s]) cuda_check(cudaStreamWaitEvent(copy_stream, free_event[s], 0), "cudaStreamWaitEvent");
-    auto* dst = static_cast<std::byte*>(slot[s].data_ptr());
-    if (opt.strategy == Strategy::kDlo) {
-      const std::uint64_t shard = plan.shard_bytes(j);
-      cuda_check(cudaMemcpyAsync(dst + shard * static_cast<std::uint64_t>(rank), host.data() + host_offset[j], shard,
-                                 cudaMemcpyHostToDevice, copy_stream),
-                 "cudaMemcpyAsync");
-      cuda_check(cudaEventRecord(copied_event[s], copy_stream), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(comm_stream, copied_event[s], 0), "cudaStreamWaitEvent");
-      if (opt.collective != nullptr) opt.collective->allgather_inplace(dst, shard, comm_stream);
-      cuda_check(cudaEventRecord(ready_event[s], comm_stream), "cudaEventRecord");
-      watch_since_ms = now_ms();
-      watch_block = j;
-      watch_slot = s;
-    } else {
-      cuda_check(cudaMemcpyAsync(dst, host.data() + host_offset[j], bytes, cudaMemcpyHostToDevice, copy_stream),
-                 "cudaMemcpyAsync");
-      cuda_check(cudaEventRecord(ready_event[s], copy_stream), "cudaEventRecord");
-    }
-#endif
+    stats.bytes_streamed += plan.block(j).bytes;
+    if (!p.on_device) stats.h2d_bytes += p.bytes;
+    stats.bytes_gathered += p.gather_shard * static_cast<std::uint64_t>(ranks - 1);
+    Transfer t;
+    t.block = j;
+    t.slot = s;
+    t.slot_base = static_cast<std::byte*>(slot[s].data_ptr());
+    t.offset = p.slot_offset;
+    t.src = (p.on_device ? static_cast<std::byte*>(device_arena.data_ptr()) : host->data()) + p.offset;
+    t.src_on_device = p.on_device;
+    t.bytes = p.bytes;
+    t.gather_shard = p.gather_shard;
+    t.fail = j == opt.fail_at_block;
+    transport->request(t);
+  }
+
+  // Prefetch: the block after i goes into the other slot while i computes.
+  void prefetch_after(std::int64_t i) {
+    const std::int64_t j = (i + 1) % n;
+    if (!parts[static_cast<std::size_t>(j)].direct) request(j);
   }
 
   int slot_of(std::int64_t i) const {
@@ -411,52 +267,26 @@ struct BlockEngine::Impl {
   const std::vector<at::Tensor>& acquire(std::int64_t i) {
     DLO_ASSERT(i >= 0 && i < n, "block ", i, " out of range");
     ++stats.blocks_acquired;
-    if (opt.strategy == Strategy::kResident) return resident[static_cast<std::size_t>(i)];
-    if (slot_of(i) < 0) request(i);  // cold start (first block of the first pass)
+    const auto k = static_cast<std::size_t>(i);
+    if (opt.strategy == Strategy::kResident) return resident[k];
+    if (parts[k].direct) {
+      prefetch_after(i);
+      return direct_views[k];
+    }
+    if (slot_of(i) < 0) request(i);  // cold start (first streamed block of the first pass)
     const int s = slot_of(i);
     in_use[s] = true;
-    if (!cuda) {
-      const auto t0 = Clock::now();
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return slot_done[s] == i; });
-      stats.exposed_wait_s += seconds_since(t0);
-      if (worker_error) std::rethrow_exception(worker_error);
-    } else {
-#ifdef DLO_HAVE_CUDA
-      const cudaStream_t compute = compute_stream();
-      harvest_stall(i);
-      cuda_check(cudaEventRecord(stall_begin[i], compute), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(compute, ready_event[s], 0), "cudaStreamWaitEvent");
-      cuda_check(cudaEventRecord(stall_end[i], compute), "cudaEventRecord");
-      stall_pending[i] = true;
-#endif
-    }
-    if (n > 0) request((i + 1) % n);  // prefetch the next block into the other slot
-    return views[s][static_cast<std::size_t>(i)];
+    transport->wait_ready(i, s);
+    prefetch_after(i);
+    return views[s][k];
   }
-
-#ifdef DLO_HAVE_CUDA
-  // Adds the compute stream's wait for block i's previous visit to the exposed time.
-  void harvest_stall(std::int64_t i) {
-    if (!stall_pending[i]) return;
-    cudaEventSynchronize(stall_end[i]);
-    float ms = 0;
-    if (cudaEventElapsedTime(&ms, stall_begin[i], stall_end[i]) == cudaSuccess) stats.exposed_wait_s += ms / 1e3;
-    stall_pending[i] = false;
-  }
-#endif
 
   void release(std::int64_t i) {
-    if (opt.strategy == Strategy::kResident) return;
+    if (opt.strategy == Strategy::kResident || parts[static_cast<std::size_t>(i)].direct) return;
     const int s = slot_of(i);
     DLO_ASSERT(s >= 0 && in_use[s], "release of block ", i, " which is not acquired");
     in_use[s] = false;
-#ifdef DLO_HAVE_CUDA
-    if (cuda) {
-      cuda_check(cudaEventRecord(free_event[s], compute_stream()), "cudaEventRecord");
-      free_recorded[s] = true;
-    }
-#endif
+    transport->release(s);
   }
 };
 
@@ -492,11 +322,9 @@ void BlockEngine::traverse(const std::function<void(std::int64_t, const std::vec
 }
 
 EngineStats BlockEngine::stats() const {
-#ifdef DLO_HAVE_CUDA
-  if (impl_->cuda && impl_->opt.strategy != Strategy::kResident)
-    for (std::int64_t i = 0; i < impl_->n; ++i) impl_->harvest_stall(i);
-#endif
-  return impl_->stats;
+  EngineStats s = impl_->stats;
+  s.exposed_wait_s = impl_->transport->exposed_wait_s();
+  return s;
 }
 
 }  // namespace dlo

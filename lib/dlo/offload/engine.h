@@ -5,20 +5,24 @@
 //              every rank through the page cache).
 //   layerwise  every rank keeps the whole stack in (pinned) host memory and copies each block
 //              into one of two device slots just before it runs; no collective.
-//   device-shards  every rank keeps 1/N of each block in device memory; the block is rebuilt in a
-//              device slot by an in-place AllGather from there (no host-to-device copy per step).
-//   mixed      the first `device_blocks` blocks' shards live on the device, the rest on the host.
+//   device-shards  every rank keeps 1/N of each block in device memory (one arena); the block is
+//              rebuilt in a device slot by a device-to-device copy of its own shard and an in-place
+//              AllGather (no host-to-device copy per step). At one rank the "shard" is the whole
+//              block and is used in place (no slot): the same as resident, in one allocation.
+//   mixed      the first `device_blocks` blocks' shards live on the device (as device-shards), the
+//              rest on the host (as dlo).
 //   dlo        every rank keeps 1/N of each block in (pinned) host memory; the block is rebuilt in a
 //              device slot by an in-place AllGather (each rank's shard lands at its own offset: no
 //              staging copy).
 //
-// Layerwise and dlo double-buffer: while block i computes from one slot, block i+1 is copied and
-// gathered into the other (CUDA: copy and communication streams with events; CPU: a transfer
-// thread). A slot is never overwritten while compute may still read it. The last block prefetches
+// The streamed strategies double-buffer: while block i computes from one slot, block i+1 is copied
+// and gathered into the other (CUDA: copy and communication streams with events; CPU: a transfer
+// thread; see transport.h). On the CPU, "device memory" (slots, device shards) is host memory of
+// its own, so every strategy runs there. A slot is never overwritten while compute may still read it. The last block prefetches
 // block 0, so passes, guidance branches and jobs follow each other without a bubble. Nothing is
 // allocated per block; block views into each slot are made once.
 //
-// Collective: with dlo, every rank must call acquire/release (or traverse) for the same blocks
+// Collective: with a sharded strategy, every rank must call acquire/release (or traverse) for the same blocks
 // in the same order; ranks without work call traverse(nullptr) (a "ghost" pass). Not thread-safe:
 // one thread drives an engine.
 #pragma once
@@ -51,12 +55,12 @@ inline bool is_sharded(Strategy s) { return s == Strategy::kDeviceShards || s ==
 struct EngineOptions {
   Strategy strategy = Strategy::kResident;
   at::Device device = at::kCPU;
-  Collective* collective = nullptr;  // dlo with several ranks; must outlive the engine (its last prefetch uses it)
+  Collective* collective = nullptr;  // sharded strategies with several ranks; must outlive the engine (its last prefetch uses it)
   bool keep_page_cache = false;      // layerwise/sharded: keep the checkpoint pages after packing
   // mixed: how many blocks, from block 0, keep this rank's shard in device memory (the rest stay
   // on the host); 0 < device_blocks < num_blocks. device-shards: all of them; dlo: none (ignored).
   std::int64_t device_blocks = 0;
-  // A gather that has not completed after this many seconds ends every rank (NCCL watchdog).
+  // A gather that has not completed after this many seconds ends every rank (NCCL watchdog); > 0.
   double gather_timeout_s = 600;
   // Test hook (the fault-injection test): throw while transferring this block. -1: never.
   std::int64_t fail_at_block = -1;
@@ -65,12 +69,16 @@ struct EngineOptions {
 // What the engine did, as data (memory in bytes, time in seconds).
 struct EngineStats {
   std::string strategy;
-  std::uint64_t host_bytes = 0;      // shard or full-stack bytes this rank keeps
-  std::uint64_t pinned_bytes = 0;    // of which page-locked (CUDA)
-  std::uint64_t slot_bytes = 0;      // one device slot
-  std::uint64_t device_bytes = 0;    // device memory the engine holds (slots or resident blocks)
+  std::uint64_t host_bytes = 0;          // host-held shard or block bytes this rank keeps
+  std::uint64_t pinned_bytes = 0;        // of which page-locked (CUDA)
+  std::uint64_t device_shard_bytes = 0;  // this rank's shard bytes kept in device memory (device-shards, mixed)
+  std::uint64_t slot_bytes = 0;          // one device slot (0: no block goes through slots)
+  // Device memory the engine holds: resident blocks, or two slots plus the device shards. (On the
+  // CPU resident blocks are the checkpoint's page cache and count 0.)
+  std::uint64_t device_bytes = 0;
   std::uint64_t blocks_acquired = 0;
-  std::uint64_t bytes_streamed = 0;  // block bytes brought to the device (0 when resident)
+  std::uint64_t bytes_streamed = 0;  // block bytes rebuilt in a slot (0 when resident or used in place)
+  std::uint64_t h2d_bytes = 0;       // bytes copied from host memory into slots (0 for device-held blocks)
   std::uint64_t bytes_gathered = 0;  // bytes received through the collective
   double exposed_wait_s = 0;         // time compute waited for a block's transfer
   double pack_s = 0;                 // building the shards at start
@@ -88,9 +96,10 @@ std::string engine_stats_json(const EngineStats& stats);
 
 class BlockEngine {
  public:
-  // Builds the host copies (packing this rank's shard of every block for dlo, every block for
-  // layerwise, reading only those checkpoint bytes, then releasing those pages) and allocates the
-  // two slots. Not collective itself; callers check first that all ranks planned the same layout
+  // Builds the host and device copies (packing this rank's shard of every block for the sharded
+  // strategies, every block for layerwise, reading only those checkpoint bytes, then releasing
+  // those pages) and allocates the two slots. Throws dlo::Error for mixed without
+  // 0 < device_blocks < num_blocks, and when sharded ranks do not match the plan. Not collective itself; callers check first that all ranks planned the same layout
   // (StackPlan::fingerprint), see offload/runner.h.
   BlockEngine(const StackPlan& plan, const EngineOptions& options);
   ~BlockEngine();
