@@ -21,15 +21,29 @@ class Collective {
   virtual int size() const = 0;
   // "mpi" or "nccl".
   virtual std::string name() const = 0;
+  // For reports: the name, the library and its version, e.g. "nccl 2.28.9 (non-blocking
+  // communicator, 2 ranks, cuda:0)" or "mpi (Open MPI v4.1.4, ...)". Cheap.
+  virtual std::string describe() const { return name(); }
+  // How long one gather (NCCL: one call's host-side completion) may take before it fails: the
+  // MpiWorld::timeout_s() the collective was made with (600 s, MpiWorld's default, for
+  // implementations that do not say).
+  virtual double timeout_s() const { return 600; }
 
-  // Collective, in-place AllGather (see above). CPU: blocks until done; call from one thread at a
-  // time. NCCL: `stream` is the cudaStream_t to enqueue on; returns once enqueued.
+  // Collective, in-place AllGather (see above). Call from one thread at a time.
+  // CPU: blocks until done. NCCL: `stream` is the cudaStream_t to enqueue on; returns once the
+  // gather is enqueued on that stream (the call is complete on the communicator, so an event
+  // recorded on `stream` afterwards follows the gather kernel). Throws dlo::Error on an NCCL
+  // error or after timeout_s() (having aborted the communicator), and after abort().
   virtual void allgather_inplace(void* buffer, std::size_t shard_bytes, void* stream = nullptr) = 0;
 
   // NCCL: raises dlo::Error if the communicator reported an asynchronous error (a peer died, a
-  // network fault). Cheap; the watchdog polls it. MPI: nothing (mpirun ends the job on a death).
+  // network fault; the communicator is then aborted) or was aborted. Cheap; safe to call from a
+  // watchdog thread while another thread gathers (it skips the poll while a call is in flight:
+  // that call polls itself). MPI: nothing (mpirun ends the job on a death).
   virtual void check_async_error() {}
-  // NCCL: aborts the communicator so pending collectives return. MPI: nothing.
+  // NCCL: aborts the communicator so pending collectives return (kernels stop, a gather waiting
+  // on another thread throws). Any thread; idempotent; never throws. Later calls throw.
+  // MPI: nothing.
   virtual void abort() {}
 };
 
@@ -37,8 +51,12 @@ class Collective {
 std::unique_ptr<Collective> make_mpi_collective(const MpiWorld& world);
 
 // An NCCL communicator over all ranks, on CUDA device `device` (rank 0 creates the unique id and
-// broadcasts it over MPI). Throws dlo::Error when built without CUDA or when NCCL fails, and when
-// the NCCL library loaded differs from the headers dlo was compiled with.
+// broadcasts it over MPI). Collective. Non-blocking underneath, so set-up is bounded by
+// world.timeout_s(); on failure or timeout the communicator is aborted and dlo::Error names the
+// step, the NCCL error and NCCL's last warning. Also throws when built without CUDA, and when the
+// NCCL library loaded has another major.minor version than the nccl.h dlo was compiled with.
+// Destruction finalizes and destroys the communicator (bounded; aborts on failure) and never
+// throws; problems are one line on stderr.
 std::unique_ptr<Collective> make_nccl_collective(const MpiWorld& world, int device);
 
 }  // namespace dlo

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "dlo/common/error.h"
@@ -31,6 +32,16 @@ class MpiCollective final : public Collective {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
+  std::string describe() const override {
+    char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int length = 0;
+    MPI_Get_library_version(version, &length);
+    std::string v(version, static_cast<std::size_t>(std::max(0, length)));
+    v = v.substr(0, v.find_first_of("\r\n"));  // the first line: "Open MPI v4.1.4, package: ..."
+    while (!v.empty() && (v.back() == ' ' || v.back() == ',')) v.pop_back();
+    return str("mpi (", v, "; ", size_, " ranks)");
+  }
+  double timeout_s() const override { return std::chrono::duration<double>(timeout_).count(); }
 
   void allgather_inplace(void* buffer, std::size_t shard_bytes, void*) override {
     if (size_ == 1 || shard_bytes == 0) return;
