@@ -29,6 +29,7 @@ PMIX_DIR=/usr/lib/x86_64-linux-gnu/pmix2
 copy_deps() {  # every shared library ldd resolves for the files given, minus SKIP
   ldd "$@" 2>/dev/null | awk '/=> \//{print $1" "$3}' | sort -u | while read -r name path; do
     [[ $name =~ $SKIP ]] && continue
+    [[ $path == */site-packages/* ]] && continue   # the torch wheel's (cuBLAS, cuFFT, gomp, ...): the machine has them
     [ -e "$OUTDIR/lib/$name" ] || cp -L "$path" "$OUTDIR/lib/$name"
   done
 }
