@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one command on a bare GPU machine (docs/gpu.md): uses .gpu/bundle (or .gpu/bundle.tar.xz,
 # made by tools/gpu-bundle.sh) and the machine's own torch (python3). Every step runs under
-# `timeout`, reports PASS/FAIL/SKIP and the script goes on; steps starting after 330 s are skipped.
+# `timeout`, reports PASS/FAIL/SKIP and the script goes on; steps starting after 330 s are skipped
+# and none runs past 350 s.
 # Results: $OUT/summary.txt and $OUT/logs.tar.gz (at most 2 files).
 # Knobs: DLO_DEVICE=cpu (everything on the CPU: the local rehearsal), LAYERS (benchmark, 12),
 #   BENCH_SHAPE (F,H,W,L; 21,60,104,512), PASSES (4), STRATEGIES (1-rank strategies compared with
@@ -38,6 +39,7 @@ step() {
   local name=$1 to=$2; shift 2
   local t=$(( $(date +%s) - T0 ))
   if (( t > 330 )); then say "SKIP  $name (time: ${t} s into the run)"; NSKIP=$((NSKIP+1)); return; fi
+  (( to > 350 - t )) && to=$(( 350 - t ))   # no step runs past 350 s: the whole run stays under 6 minutes
   local s=$(date +%s) rc
   timeout -k 5 "$to" bash -c '"$@"' _ "$@" >"$L/$name.log" 2>&1; rc=$?
   local d=$(( $(date +%s) - s ))
