@@ -14,6 +14,11 @@
 // pass boundary (finished decodes are kept); a rerun continues.
 // Exit codes: 0 ok, 2 bad invocation or input (found before any weight is read; nothing written),
 // 3 a batch finished with some jobs failed, 130/143 stopped by SIGINT/SIGTERM, 1 anything else.
+//
+// dlo-generate-bare is this file built with DLO_GENERATE_BARE: no libav and no HDF5 (it travels to
+// bare GPU machines in tools/gpu-bundle.sh). It writes each job's frames to FILE.safetensors
+// (tensor "frames", uint8 [frames, height, width, 3], the job's parameters as metadata, as
+// --save-latents does) and refuses video outputs and .h5 latents before any work (exit 2).
 #include <ATen/Parallel.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -22,12 +27,15 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
@@ -39,8 +47,12 @@
 #include "dlo/common/settings.h"
 #include "dlo/dist/mpi_world.h"
 #include "dlo/dist/tool.h"
+#ifdef DLO_GENERATE_BARE
+#include "dlo/io/safetensors_writer.h"
+#else
 #include "dlo/media/latents_h5.h"
 #include "dlo/media/video_writer.h"
+#endif
 #include "dlo/models/weights.h"
 #include "dlo/pipeline/generate.h"
 #include "dlo/pipeline/memory_estimate.h"
@@ -61,6 +73,52 @@ std::string flag_of(const std::string& field) {
   return f;
 }
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+#ifdef DLO_GENERATE_BARE
+constexpr const char* kNoEncoder =
+    "this build (dlo-generate-bare) has no video encoder and no HDF5: it writes frames as FILE.safetensors";
+
+// The frames of one job, kept in memory and written as one uint8 tensor [frames, height, width, 3]
+// by finish() (write_safetensors_file: a temporary renamed into place).
+class FramesSink : public dlo::FrameSink {
+ public:
+  FramesSink(std::string path, std::int64_t w, std::int64_t h, std::int64_t frames, std::string parameters_json)
+      : path_(std::move(path)), w_(w), h_(h), frames_(frames), parameters_(std::move(parameters_json)) {
+    bytes_.reserve(static_cast<std::size_t>(frames * h * w * 3));
+  }
+  void add_frame(const std::uint8_t* rgb) override { bytes_.insert(bytes_.end(), rgb, rgb + w_ * h_ * 3); }
+  void finish() override {
+    const auto frame = static_cast<std::size_t>(w_ * h_ * 3);
+    DLO_CHECK(bytes_.size() == frame * static_cast<std::size_t>(frames_), "'", path_, "': ", bytes_.size() / frame,
+              " frames decoded, ", frames_, " expected");
+    dlo::write_safetensors_file(
+        path_, {dlo::TensorSpec{"frames", dlo::DType::U8, {frames_, h_, w_, 3}}},
+        [&](std::size_t, const dlo::TensorSpec& spec, std::byte* out) { std::memcpy(out, bytes_.data(), spec.nbytes()); },
+        {{"format", "pt"}, {"dlo_job", parameters_}});
+  }
+
+ private:
+  std::string path_;
+  std::int64_t w_, h_, frames_;
+  std::string parameters_;
+  std::vector<std::uint8_t> bytes_;
+};
+
+// A job's output can be written by this build: FILE.safetensors, in a writable folder.
+void check_output(const dlo::JobSpec& job, const dlo::ModelInfo&) {
+  DLO_CHECK(ends_with(job.output, ".safetensors"), "'", job.output, "' is not a .safetensors file: ", kNoEncoder,
+            " (uint8 [frames, height, width, 3])");
+  dlo::check_output_path(job.output);
+}
+
+std::unique_ptr<dlo::FrameSink> open_output(const dlo::JobSpec& job, const dlo::ModelInfo& model, std::int64_t w,
+                                            std::int64_t h, std::int64_t frames) {
+  return std::make_unique<FramesSink>(job.output, w, h, frames, dlo::job_parameters_json(job, model));
+}
+#else
 class VideoSink : public dlo::FrameSink {
  public:
   VideoSink(const std::string& path, std::int64_t w, std::int64_t h, const dlo::VideoOptions& o)
@@ -83,6 +141,16 @@ dlo::VideoOptions video_options(const dlo::JobSpec& job, const dlo::ModelInfo& m
   return v;
 }
 
+void check_output(const dlo::JobSpec& job, const dlo::ModelInfo& model) {
+  dlo::check_video_output(job.output, video_options(job, model));
+}
+
+std::unique_ptr<dlo::FrameSink> open_output(const dlo::JobSpec& job, const dlo::ModelInfo& model, std::int64_t w,
+                                            std::int64_t h, std::int64_t) {
+  return std::make_unique<VideoSink>(job.output, w, h, video_options(job, model));
+}
+#endif
+
 std::string seconds(double s) {
   char b[32];
   std::snprintf(b, sizeof b, s < 100 ? "%.2f s" : "%.0f s", s);
@@ -94,10 +162,6 @@ std::string now_stamp() {
   const std::time_t t = std::time(nullptr);
   std::strftime(b, sizeof b, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
   return b;
-}
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 // The job-field flags the user gave (defaults do not count: a manifest's own defaults apply).
@@ -141,12 +205,17 @@ dlo::JobSpec single_job(const cxxopts::ParseResult& a) {
   // The seed: given, or drawn here (on rank 0, which renders) and recorded in the metadata.
   j.seed = f.seed.value_or(static_cast<std::uint64_t>(std::random_device{}()) & 0xffffffffu);
   if (a.count("save-latents")) j.save_latents = a["save-latents"].as<std::string>();
+#ifdef DLO_GENERATE_BARE
+  DLO_CHECK(!a.count("format"), "--format ", j.format, ": ", kNoEncoder);
+  j.output = a.count("out") ? a["out"].as<std::string>() : "video.safetensors";
+#else
   if (a.count("out")) {
     j.output = a["out"].as<std::string>();
   } else {
     const auto format = dlo::with_context("--format", [&] { return dlo::parse_video_format(j.format); });
     j.output = std::string("video") + dlo::video_format_extension(format);
   }
+#endif
   return j;
 }
 
@@ -167,9 +236,7 @@ Plan batch_plan(const cxxopts::ParseResult& a, bool force, const std::string& dt
               " is for one prompt; with --jobs each job has its own (manifest keys prompt, output)");
   const dlo::Manifest m = dlo::load_manifest(a["jobs"].as<std::string>(), field_flags(a), model_flag, out_flag);
   const dlo::ModelInfo model = dlo::read_model_info(m.model);
-  auto problems = dlo::check_manifest(m, model, [&](const dlo::JobSpec& j) {
-    dlo::check_video_output(j.output, video_options(j, model));
-  });
+  auto problems = dlo::check_manifest(m, model, [&](const dlo::JobSpec& j) { check_output(j, model); });
   Plan p;
   p.model_dir = m.model;
   p.output_dir = m.output_dir;
@@ -320,7 +387,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
           for (const auto& p : problems) msg += (msg.empty() ? "" : "\n  ") + flag_of(p.field) + ": " + p.message;
           DLO_CHECK(false, msg);
         }
-        dlo::with_context("--out", [&] { dlo::check_video_output(job.output, video_options(job, model)); });
+        dlo::with_context("--out", [&] { check_output(job, model); });
         DLO_CHECK(job.save_latents.empty() || !ends_with(job.save_latents, ".h5"),
                   "--save-latents: .h5 files collect a batch's latents (--jobs); for one prompt write .safetensors");
         if (!job.save_latents.empty())
@@ -328,6 +395,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       }
       if (batch && args.count("save-latents")) {
         const std::string h5 = args["save-latents"].as<std::string>();
+#ifdef DLO_GENERATE_BARE
+        DLO_CHECK(false, "--save-latents ", h5, ": a batch keeps its latents in one HDF5 file; ", kNoEncoder);
+#endif
         DLO_CHECK(ends_with(h5, ".h5"), "--save-latents: a batch keeps its latents in one HDF5 file (FILE.h5)");
         dlo::with_context("--save-latents", [&] { dlo::check_output_path(h5); });
       }
@@ -382,6 +452,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
 
   std::unique_ptr<dlo::ResultsLog> log;
   if (batch && world.rank() == 0) log = std::make_unique<dlo::ResultsLog>(plan.results);
+#ifndef DLO_GENERATE_BARE
   std::unique_ptr<dlo::LatentsFile> h5;
   if (batch && args.count("save-latents")) {
     std::vector<dlo::LatentsEntry> entries;
@@ -392,6 +463,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     }
     h5 = std::make_unique<dlo::LatentsFile>(MPI_COMM_WORLD, args["save-latents"].as<std::string>(), entries);
   }
+#endif
 
   dlo::GenerateCallbacks cb;
   cb.stop_requested = [] { return g_signal.load() != 0; };
@@ -437,9 +509,10 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
                 << (r.status == "ok" ? " -> " + r.output : ": " + r.error) << "\n";
     }
   };
-  cb.open_sink = [&](const dlo::JobSpec& j, std::int64_t w, std::int64_t h, std::int64_t) {
-    return std::make_unique<VideoSink>(j.output, w, h, video_options(j, model));
+  cb.open_sink = [&](const dlo::JobSpec& j, std::int64_t w, std::int64_t h, std::int64_t frames) {
+    return open_output(j, model, w, h, frames);
   };
+#ifndef DLO_GENERATE_BARE
   if (h5) {
     cb.save_latents = [&](const dlo::JobSpec&, std::int64_t index, const at::Tensor& latents) {
       const at::Tensor f = latents.to(at::kCPU, at::kFloat).contiguous();
@@ -447,8 +520,11 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     };
   }
 
+#endif
   const dlo::GenerateReport report = dlo::generate(world, model, plan.jobs, go, cb);
+#ifndef DLO_GENERATE_BARE
   h5.reset();  // collective close
+#endif
   const int sig = g_signal.load();
   if (world.rank() != 0) return report.stopped ? 128 + (sig ? sig : SIGTERM) : dlo::kExitOk;
   if (talk) std::cerr << world.tag() << " " << report.choice << "\n";

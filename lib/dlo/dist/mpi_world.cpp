@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "dlo/common/error.h"
@@ -49,6 +50,14 @@ MpiWorld::MpiWorld(int* argc, char*** argv) {
   MPI_Initialized(&initialised);
   int provided = 0;
   if (!initialised) {
+    // Started without a launcher (a plain `./dlo-forward`): Open MPI 4.1's singleton init would
+    // fork/exec `orted`, which a bare GPU machine or a bundle without it lacks (then MPI_Init
+    // aborts). An isolated singleton needs no daemon and runs as one rank. This is the one place
+    // the library reads the environment: which launcher started the process is not the user's
+    // input but decides how MPI must start. setenv(..., 0) keeps a value the user set.
+    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
+                          std::getenv("PMI_RANK") || std::getenv("SLURM_PROCID");
+    if (!launched) ::setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
     MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     we_initialised_ = true;
   } else {

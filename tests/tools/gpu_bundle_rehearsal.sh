@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The bare-GPU-machine check, rehearsed: tools/gpu-bundle.sh packs BIN_DIR's binaries, then
+# tools/gpu-run.sh runs every step in CPU mode inside tools/sim-foreign.sh (no venv path, no
+# Debian Open MPI or our libraries), small. Any FAIL, or a binary that links libav/HDF5, fails.
+# Skipped (77) when not root (unshare -m).
+#   gpu_bundle_rehearsal.sh BIN_DIR
+set -euo pipefail
+BIN=$1
+cd "$(dirname "$0")/../.."
+[ "$(id -u)" = 0 ] || { echo "not root: no mount namespace; skipped"; exit 77; }
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+bash tools/gpu-bundle.sh "$BIN" "$T/bundle"
+for b in "$T"/bundle/bin/*; do
+  if readelf -d "$b" | grep -E "NEEDED.*(libav|libswscale|libhdf5)"; then echo "FAIL: $b links libav/HDF5"; exit 1; fi
+done
+rc=0
+DLO_DEVICE=cpu LAYERS=2 BENCH_SHAPE=1,4,4,8 PASSES=2 FLAT_LAYERS="2 3" BUNDLE=$T/bundle OUT=$T/out \
+  bash tools/sim-foreign.sh bash tools/gpu-run.sh || rc=$?
+[ -f "$T/out/summary.txt" ] && [ -f "$T/out/logs.tar.gz" ] || { echo "FAIL: summary.txt or logs.tar.gz missing"; exit 1; }
+[ "$(ls "$T/out" | wc -l)" = 2 ] || { echo "FAIL: more than 2 files in OUT: $(ls "$T/out")"; exit 1; }
+grep -q "^FAIL" "$T/out/summary.txt" && { tar -C "$T" -xzf "$T/out/logs.tar.gz"; tail -n 20 "$T"/logs/*.log; exit 1; }
+grep -q "0 failed" "$T/out/summary.txt" || { echo "FAIL: no '0 failed' line"; exit 1; }
+# Every step that is not GPU-only passed: at least the MPI, strategy, NCCL-path, fault and generate steps.
+for s in mpi_smoke strategy_resident strategy_dlo strategy_layerwise dlo_2ranks_nccl fault_2ranks generate_bare; do
+  grep -q "^PASS  $s " "$T/out/summary.txt" || { echo "FAIL: step $s did not pass"; exit 1; }
+done
+exit $rc
