@@ -49,7 +49,7 @@ for s in ("resident", "layerwise", "dlo"):
     bw = per_pass_bytes / wall / 1e9 if s != "resident" else 0
     base = base or wall
     print(f"{s:9s}: {wall:.3f} s/step (x{wall / base:.3f} resident), exposed transfer {exposed * 1e3:.1f} ms/step, "
-          f"H2D {bw:.1f} GB/s sustained over the step, device peak {r['device_peak_bytes'] / 2**30:.2f} GiB, "
+          f"H2D {bw:.1f} GB/s sustained over the step, allocator peak {r['allocator_reserved_peak_bytes'] / 2**30:.2f} GiB, device used {r['device_used_bytes_at_end'] / 2**30:.2f} GiB, "
           f"slot {r['slot_bytes'] / 2**20:.0f} MiB, pinned {r['pinned_bytes'] / 2**30:.2f} GiB")
 PY
 for s in layerwise dlo; do

@@ -119,9 +119,12 @@ for f in sorted(glob.glob(f"{w}/brep_*.json")):
     # The report has no transfer time of its own: host-to-device bytes over the passes' wall time
     # (the rate sustained over a pass; a lower bound of the copy rate).
     tt = sum(p.get("wall_s", 0) for p in pp)
-    bw = r.get("bytes_streamed", 0) / tt / 1e9 if tt else 0
+    bw = r.get("h2d_bytes", r.get("bytes_streamed", 0)) / tt / 1e9 if tt else 0
+    gib = lambda k: r.get(k, -1) / 2**30
     print(f"{tag:22s} {wall:8.3f} s/pass  exposed {exp*1e3:8.1f} ms  H2D {bw:6.2f} GB/s  "
-          f"device peak {r.get('device_peak_bytes', -1)/2**30:6.2f} GiB  choice: {doc.get('choice', r.get('choice', '?'))}")
+          f"alloc peak {gib('allocator_reserved_peak_bytes'):6.2f} GiB (live {gib('allocator_allocated_peak_bytes'):6.2f})  "
+          f"device used {gib('device_used_bytes_at_end'):6.2f} GiB  working est {gib('working_bytes_estimate'):6.2f} GiB  "
+          f"choice: {doc.get('choice', r.get('choice', '?'))}")
 PY
 }
 # Engine cost per block transition without compute (dlo-bench-engine; it has no --device yet, so
