@@ -169,4 +169,19 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
             ": use more ranks (on more nodes) or a smaller dtype");
 }
 
+StrategyChoice agree_strategy(const MpiWorld& world, const std::string& requested, const StackPlan& plan,
+                              std::uint64_t working, c10::Device device, const DeviceSharing& sharing,
+                              std::optional<std::uint64_t> device_budget) {
+  const MemoryBudget budget = agree_memory_budget(world, device, sharing, device_budget);
+  StrategyChoice choice;
+  std::string error;
+  try {
+    choice = choose_strategy(requested, stack_size(plan), working, budget);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  world.check_all(error, "offload strategy");
+  return choice;
+}
+
 }  // namespace dlo

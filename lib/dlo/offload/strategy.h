@@ -66,4 +66,10 @@ struct StrategyChoice {
 StrategyChoice choose_strategy(const std::string& requested, const StackSize& stack, std::uint64_t working,
                                const MemoryBudget& budget);
 
+// Collective: agree_memory_budget, then choose_strategy on every rank (the same choice, as the
+// budget is agreed); a refusal is the same dlo::Error on every rank (MpiWorld::check_all).
+StrategyChoice agree_strategy(const MpiWorld& world, const std::string& requested, const StackPlan& plan,
+                              std::uint64_t working, c10::Device device, const DeviceSharing& sharing,
+                              std::optional<std::uint64_t> device_budget);
+
 }  // namespace dlo

@@ -130,14 +130,8 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
 
   // The choice, from budgets every rank agreed on (the least over the ranks), so it is the same
   // everywhere; a strategy that cannot fit is refused on every rank alike, before the engine.
-  const MemoryBudget budget = agree_memory_budget(world, device, *sharing, o.device_budget);
-  StrategyChoice choice;
-  try {
-    choice = choose_strategy(o.offload, stack_size(runner->plan()), working, budget);
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  world.check_all(error, "offload strategy");
+  const StrategyChoice choice =
+      agree_strategy(world, o.offload, runner->plan(), working, device, *sharing, o.device_budget);
   // From here on a failure on one rank would strand the others in a collective: abort them all.
   ProcessMemory before, after_pack;
   try {

@@ -316,14 +316,8 @@ GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std
     working = std::max(working, wan_forward_working_bytes(c, shape[2], shape[3], shape[4], /*text tokens, as PromptEncoder pads*/ 512,
                                                           j.guided() ? 2 : 1, o.dtype));
   }
-  const MemoryBudget budget = agree_memory_budget(world, device, sharing, o.device_budget);
-  StrategyChoice choice;
-  try {
-    choice = choose_strategy(o.offload, stack_size(runner->plan()), working, budget);
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  world.check_all(error, "offload strategy");
+  const StrategyChoice choice =
+      agree_strategy(world, o.offload, runner->plan(), working, device, sharing, o.device_budget);
   GenerateReport report;
   report.choice = str("offload: ", strategy_name(choice.strategy), " (", choice.reason, "); device ", device.str(), "; ",
                       ranks, " rank(s)");
