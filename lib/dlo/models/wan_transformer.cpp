@@ -318,7 +318,9 @@ std::uint64_t wan_forward_working_bytes(const WanTransformerConfig& c, std::int6
                       latent * static_cast<double>(c.in_channels) * es + latent * static_cast<double>(c.out_channels) * 4;
   const double attn = L * D * (12 + 8 * es);
   const double ffn = L * D * (8 + 2 * es) + 2 * L * F * es;
-  const double total = 1.25 * (static_cast<double>(branches) * kept + std::max(attn, ffn));
+  // A fixed 256 MiB: embeddings, RoPE tables and library workspaces (the CPU measurement at small
+  // latents, docs/benchmarks.md, found 276 MiB where the terms above give 170).
+  const double total = 1.25 * (static_cast<double>(branches) * kept + std::max(attn, ffn)) + 268435456.0;
   return total >= 1.8e19 ? UINT64_MAX : static_cast<std::uint64_t>(total);
 }
 

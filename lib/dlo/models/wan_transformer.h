@@ -64,7 +64,8 @@ struct WanTransformerConfig {
 //     norm and its modulation, q, k, v, RoPE temporaries, the attention output), feed-forward
 //     L D (8 + 2 es) + 2 L ffn_dim es (its two wide tensors), whichever is larger;
 // where es is the dtype's size; attention itself is a fused kernel (no L x L scores). Plus 25%
-// for allocator rounding and fragmentation. An estimate: dlo-forward's report prints it beside
+// for allocator rounding and fragmentation, and a fixed 256 MiB (embeddings, RoPE tables, library
+// workspaces). An estimate: dlo-forward's report prints it beside
 // the allocator's measured peak.
 std::uint64_t wan_forward_working_bytes(const WanTransformerConfig& c, std::int64_t frames, std::int64_t height,
                                         std::int64_t width, std::int64_t text_len, std::int64_t branches,
