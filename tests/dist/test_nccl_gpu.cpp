@@ -35,39 +35,15 @@
 #include "dlo/dist/collective.h"
 #include "dlo/dist/mpi_world.h"
 
+#include "common/gpu_probe.h"
+
 #ifdef DLO_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
 namespace {
 
-// An NVIDIA device node: the machine has a GPU and a driver, whatever CUDA says.
-bool nvidia_device_node() {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("nvidia", 0) == 0 && n != "nvidia-caps") return true;
-  }
-  return false;
-}
-
-// "" when a CUDA device is usable; else why not. `absent`: the machine has no GPU at all (the
-// only reason to skip).
-std::string why_no_device(bool& absent) {
-  const bool node = nvidia_device_node();
-#ifdef DLO_HAVE_CUDA
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e == cudaSuccess && n > 0) return "";
-  const bool none = (e == cudaSuccess && n == 0) || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver;
-  absent = none && !node;
-  return std::string("cudaGetDeviceCount: ") + (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)) +
-         (node ? " although an NVIDIA device node exists in /dev" : "");
-#else
-  absent = !node;
-  return node ? "this build has no CUDA, but the machine has an NVIDIA device" : "this build has no CUDA";
-#endif
-}
+using dlo::test::why_no_device;
 
 // 0 usable, 77 skip, 1 fail.
 int probe(const char* who) {
