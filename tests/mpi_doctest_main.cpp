@@ -17,7 +17,7 @@
 #include <string>
 #include <thread>
 
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 
 namespace {
 

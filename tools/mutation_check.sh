@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Mutation check: does the suite fail when the code is wrong? Injects small, plausible bugs into
-# the library one at a time, rebuilds, runs the CTest labels given (default: cpu|mpi, not parity:
-# the cpu label alone must guard the arithmetic), and reports each mutant caught or missed.
+# the library one at a time (mutants in every layer: io, models, offload, dist, mpi, media,
+# diffusion, config, pipeline, render, app), rebuilds, runs the CTest labels given (default:
+# cpu|mpi, not parity: the cpu label alone must guard the arithmetic), and reports each mutant
+# caught or missed.
 #
 #   tools/mutation_check.sh [--labels 'cpu|mpi'] [--only 1,5,9] [--list] [--keep]
+#   tools/mutation_check.sh --verify     # only check that every mutant's text occurs once (seconds; CI)
 #
 # Works on a copy of the committed tree (git archive HEAD) under $DLO_MUTATION_DIR (default: a
 # fresh /tmp/dlo-mutation.XXXXXX), built with tools/setup.sh there (ccache makes that quick), so
 # the worktree is never touched and no mutant can be committed. Each mutant is one exact string
 # replacement that must match once (the script stops if the code has moved on: update the table
-# below). Prints a Markdown table; exit 0 when every mutant was caught, 1 otherwise.
+# below; `--verify`, a CTest test, says so in seconds). Fields are split at '|': write a '|' inside
+# a string as \x7c. Prints a Markdown table; exit 0 when every mutant was caught, 1 otherwise.
 # Time: ~1-2 min per mutant on 2 cores (one library file recompiled, tests relinked, ~60 s of tests).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,22 +21,24 @@ LABELS='cpu|mpi'
 ONLY=""
 LIST=0
 KEEP=0
+VERIFY=0
 while (($#)); do
   case "$1" in
     --labels) LABELS=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --list) LIST=1; shift ;;
     --keep) KEEP=1; shift ;;
-    *) echo "usage: tools/mutation_check.sh [--labels 'cpu|mpi'] [--only 1,5,9] [--list] [--keep]" >&2; exit 2 ;;
+    --verify) VERIFY=1; shift ;;
+    *) echo "usage: tools/mutation_check.sh [--labels 'cpu|mpi'] [--only 1,5,9] [--list] [--keep] [--verify]" >&2; exit 2 ;;
   esac
 done
 
 # The mutants: id | file | what | old text | new text (Python string literals, evaluated).
 MUTANTS=$(cat <<'EOF'
-1|lib/dlo/offload/runner.cpp|guidance streams the weights once per branch (twice per step)|"  engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {\n    const WanBlockWeights bw = WanBlockWeights::bind(w, c);\n    for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);\n  });"|"  for (auto& s : states) engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {\n    s.h = wan_block_forward(WanBlockWeights::bind(w, c), s, s.h, c);\n  });"
+1|lib/dlo/offload/runner.cpp|guidance streams the weights once per branch (twice per step)|"  engine().traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {\n    if (before_block) before_block(i);\n    const WanBlockWeights bw = WanBlockWeights::bind(w, c);\n    for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);\n  });"|"  for (auto& s : states) engine().traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {\n    if (before_block) before_block(i);\n    s.h = wan_block_forward(WanBlockWeights::bind(w, c), s, s.h, c);\n  });"
 2|lib/dlo/offload/stack_plan.cpp|shard size: block bytes / N rounded down before the 256-byte round-up|"return round_up((block(i).bytes + n - 1) / n, kShardAlign);"|"return round_up(block(i).bytes / n, kShardAlign);"
-3|lib/dlo/offload/engine.cpp|dlo (CPU): own shard copied to offset 0 instead of rank * shard|"std::memcpy(dst + shard * static_cast<std::uint64_t>(rank), host.data() + host_offset[j], shard);"|"std::memcpy(dst, host.data() + host_offset[j], shard);"
-4|lib/dlo/offload/engine.cpp|layerwise: host copy of a block rounded down to 256 bytes|"(plan.block(i).bytes + kShardAlign - 1) / kShardAlign * kShardAlign;"|"plan.block(i).bytes / kShardAlign * kShardAlign;"
+3|lib/dlo/offload/engine.cpp|dlo: each rank's own shard placed at offset 0 instead of rank * shard|"p.slot_offset = sharded ? shard * static_cast<std::uint64_t>(rank) : 0;"|"p.slot_offset = 0;"
+4|lib/dlo/offload/engine.cpp|layerwise: host copy of a block rounded down to 256 bytes|"total += sharded ? shard : align_up(bytes, kShardAlign);"|"total += sharded ? shard : bytes / kShardAlign * kShardAlign;"
 5|lib/dlo/models/wan_transformer.cpp|RoPE: positions counted from 1 instead of 0|"freqs = at::outer(at::arange(max_len, f64), freqs);"|"freqs = at::outer(at::arange(1, max_len + 1, f64), freqs);"
 6|lib/dlo/models/wan_transformer.cpp|RoPE: sign of the rotation's second component|"copy_(x1 * s + x2 * c);"|"copy_(x2 * c - x1 * s);"
 7|lib/dlo/models/wan_transformer.cpp|block: feed-forward shift and scale swapped|"&c_shift = mod[3], &c_scale = mod[4]"|"&c_shift = mod[4], &c_scale = mod[3]"
@@ -42,12 +48,55 @@ MUTANTS=$(cat <<'EOF'
 11|lib/dlo/io/safetensors.cpp|safetensors: end offset checked against the file size, not the data section|"DLO_CHECK(end <= data_size, where,"|"DLO_CHECK(end <= data_start + data_size, where,"
 12|lib/dlo/io/safetensors.cpp|safetensors: header length off by one|"DLO_CHECK(n <= size - 8, \"header length \""|"DLO_CHECK(n <= size - 7, \"header length \""
 13|lib/dlo/models/wan_vae.cpp|VAE temporal upsampler: the two new frames of each input frame interleaved in the wrong order|"x = at::stack({x.select(1, 0), x.select(1, 1)}, 3);"|"x = at::stack({x.select(1, 1), x.select(1, 0)}, 3);"
+14|lib/dlo/render/stages.cpp|guidance combined on the wrong base (cond + g (cond - uncond))|"noise = out[1] + job.guidance * (out[0] - out[1]);"|"noise = out[0] + job.guidance * (out[0] - out[1]);"
+15|lib/dlo/render/stages.cpp|the transformer given another step's timestep (always the first step's)|"run.scheduler->timesteps()[i].to(x.device())"|"run.scheduler->timesteps()[0].to(x.device())"
+16|lib/dlo/render/stages.cpp|the negative branch's context encoded from the positive prompt|"run.negative_context = text.encode(job.negative_prompt)"|"run.negative_context = text.encode(job.prompt)"
+17|lib/dlo/pipeline/batch_plan.cpp|resume skips a job recorded ok whatever became of its output (gone, emptied, cut)|"it->second.status == \"ok\" && output_intact(j.output, it->second.output_bytes);"|"it->second.status == \"ok\";"
+18|lib/dlo/config/job.cpp|a frame-deciding field (steps) left out of the fingerprint|"add({\"steps\", \"steps\", JobFieldType::kInteger, JobFieldEffect::kFrames,"|"add({\"steps\", \"steps\", JobFieldType::kInteger, JobFieldEffect::kNone,"
+19|lib/dlo/config/job.cpp|frames checked as 4k instead of 4k+1|"if ((n - 1) % tf != 0) {"|"if (n % tf != 0) {"
+20|lib/dlo/pipeline/manifest.cpp|precedence: defaults win over the command line|"for (const Fields* layer : {static_cast<const Fields*>(&raw[i].fields), &flags, &defaults})"|"for (const Fields* layer : {static_cast<const Fields*>(&raw[i].fields), &defaults, &flags})"
+21|lib/dlo/pipeline/job_scheduler.cpp|scheduler: every job handed to rank 0, whoever asked|"if (reports[static_cast<std::size_t>(r)].wants_job) assign(next_job_++, r, d.assignments);"|"if (reports[static_cast<std::size_t>(r)].wants_job) assign(next_job_++, 0, d.assignments);"
+22|lib/dlo/pipeline/job_scheduler.cpp|scheduler: a rank asks for a job while a prepared one still waits|"  if (in.has_next) return false;\n"|""
+23|lib/dlo/diffusion/flow_euler.cpp|flow-match Euler: the step taken backwards|"at::Tensor prev = x + dt * model_output;"|"at::Tensor prev = x - dt * model_output;"
+24|lib/dlo/media/video_writer.cpp|FFV1: red and blue swapped in bgr0 (the lossless output no longer decodes to the frames)|"            d[4 * x] = s[3 * x + 2];\n            d[4 * x + 1] = s[3 * x + 1];\n            d[4 * x + 2] = s[3 * x];"|"            d[4 * x] = s[3 * x];\n            d[4 * x + 1] = s[3 * x + 1];\n            d[4 * x + 2] = s[3 * x + 2];"
+25|lib/dlo/media/latents_h5.cpp|latents HDF5: after a flush a rank keeps the least complete view of each entry|"complete_[i] = std::max<unsigned char>(complete_[i],"|"complete_[i] = std::min<unsigned char>(complete_[i],"
+26|lib/dlo/dist/nccl_comm.cpp|NCCL: a call still in progress taken for done|"  if (first != NcclResult::kInProgress) {\n    w.kind = NcclWait::kFailed;"|"  if (first == NcclResult::kInProgress) return w;\n  {\n    w.kind = NcclWait::kFailed;"
+27|lib/dlo/dist/collective_mpi.cpp|MPI gather: shards laid out contiguously instead of every shard_bytes|"MPI_Type_create_resized(chunk, 0, static_cast<MPI_Aint>(shard_bytes), &strided);"|"MPI_Type_create_resized(chunk, 0, static_cast<MPI_Aint>(n), &strided);"
+28|lib/dlo/mpi/mpi_world.cpp|check_all: an error on some ranks only is not seen|"if (allreduce_max(my_error.empty() ? 0 : 1, phase) == 0) return;"|"if (allreduce_min(my_error.empty() ? 0 : 1, phase) == 0) return;"
+29|lib/dlo/common/checked.h|checked arithmetic wraps around instead of saturating|"return __builtin_mul_overflow(a, b, &r) ? kSaturated : r;"|"__builtin_mul_overflow(a, b, &r);\n  return r;"
+30|lib/dlo/app/tool.cpp|run_tool: one rank's error leaves the others waiting (no abort)|"  if (world.size() <= 1 \x7c\x7c shared_by_every_rank(e)) return;"|"  return;"
+31|lib/dlo/render/generate.cpp|a transfer failure taken for the job's own failure (the job is failed, the rank goes on)|"    } catch (const BlockComputeError& e) {"|"    } catch (const std::exception& e) {"
 EOF
 )
 
 if ((LIST)); then
   echo "$MUTANTS" | cut -d'|' -f1-3 | tr '|' '\t'
   exit 0
+fi
+
+if ((VERIFY)); then
+  # Every mutant must still name code that exists, once: a table that has drifted from the code
+  # would silently test nothing.
+  MUTANTS="$MUTANTS" python3 - "$ROOT" <<'PY'
+import ast, os, sys
+root, bad, n = sys.argv[1], 0, 0
+for line in os.environ["MUTANTS"].splitlines():
+    if not line.strip():
+        continue
+    mid, path, what, old, new = line.split("|", 4)
+    n += 1
+    old, new = ast.literal_eval(old), ast.literal_eval(new)
+    try:
+        count = open(os.path.join(root, path)).read().count(old)
+    except OSError as e:
+        count = f"unreadable ({e})"
+    if count != 1 or old == new:
+        bad += 1
+        print(f"mutant {mid} ({path}: {what}): its text occurs {count} times (want exactly 1)")
+print(f"{n} mutants, {n - bad} match the code exactly once")
+sys.exit(1 if bad else 0)
+PY
+  exit $?
 fi
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \

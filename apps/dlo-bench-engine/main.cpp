@@ -20,11 +20,12 @@
 #include "dlo/common/error.h"
 #include "dlo/common/settings.h"
 #include "dlo/dist/collective.h"
-#include "dlo/dist/mpi_world.h"
-#include "dlo/dist/tool.h"
+#include "dlo/mpi/mpi_world.h"
+#include "dlo/app/tool.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/models/weights.h"
 #include "dlo/offload/runner.h"
+#include "dlo/offload/wave.h"
 
 int main(int argc, char** argv) {
   dlo::MpiWorld world(&argc, &argv);
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
     const int repeats = args["repeats"].as<int>();
     DLO_CHECK(passes >= 1, "--passes must be >= 1, got ", passes);
     DLO_CHECK(repeats >= 1, "--repeats must be >= 1, got ", repeats);
-    world.set_timeout_s(dlo::parse_seconds_setting(std::getenv("DLO_GATHER_TIMEOUT_S"), "DLO_GATHER_TIMEOUT_S", 600));
+    world.set_timeout_s(dlo::gather_timeout_setting(std::getenv("DLO_GATHER_TIMEOUT_S")));
     std::string note;
     const int threads = dlo::bound_threads(args["threads"].as<int>(), "--threads", &note);
     if (!note.empty() && world.rank() == 0) std::cerr << "dlo-bench-engine: note: " << note << "\n";

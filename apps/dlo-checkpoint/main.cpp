@@ -21,11 +21,11 @@
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
-#include "dlo/dist/tool.h"
+#include "dlo/app/tool.h"
 #include "dlo/io/inspect.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
-#include "dlo/models/make_model.h"
+#include "dlo/testing/make_model.h"
 #include "dlo/models/weights.h"
 
 namespace {

@@ -27,13 +27,13 @@
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
 #include "dlo/common/settings.h"
-#include "dlo/dist/mpi_world.h"
-#include "dlo/dist/tool.h"
+#include "dlo/mpi/mpi_world.h"
+#include "dlo/app/tool.h"
 #include "dlo/io/safetensors.h"
-#include "dlo/io/tensor_view.h"
-#include "dlo/models/component.h"
+#include "dlo/models/tensor_view.h"
+#include "component.h"
 #include "dlo/models/weights.h"
-#include "dlo/offload/transformer_job.h"
+#include "transformer_job.h"
 
 namespace {
 
@@ -97,7 +97,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     return 0;
   }
   for (const char* required : {"model", "component", "out"}) DLO_CHECK(args.count(required), "missing --", required);
-  world.set_timeout_s(dlo::parse_seconds_setting(std::getenv("DLO_GATHER_TIMEOUT_S"), "DLO_GATHER_TIMEOUT_S", 600));
+  world.set_timeout_s(dlo::gather_timeout_setting(std::getenv("DLO_GATHER_TIMEOUT_S")));
   const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
   std::string note;
   const int threads = dlo::bound_threads(args["threads"].as<int>(), "--threads", &note);

@@ -160,6 +160,17 @@ save_file({"latents": torch.randn(1, 16, 2, 2, 2)}, f"{t}/lat.safetensors")
 PY
 run 0 "warning: .*scale_factor_temporal' is 8, but temperal_downsample" "vae with scale_factor_temporal 8" -- "$FW" --model "$T/full_ok" --component vae --inputs "$T/lat.safetensors" --out "$T/v.safetensors" --threads 1
 
+# dlo-forward's component entry point names the component and the key (it lives in the app now).
+"$PY" - "$T" <<'PY' || fail "vae inputs setup"
+import sys, torch
+from safetensors.torch import save_file
+t = sys.argv[1]
+save_file({"hidden_states": torch.randn(1, 16, 1, 2, 2)}, f"{t}/no_latents.safetensors")
+save_file({"latents": torch.randn(1, 16, 1, 2)}, f"{t}/lat4d.safetensors")
+PY
+run 2 "vae: inputs lack 'latents'" "dlo-forward --component vae without latents" -- "$FW" --model "$T/full_ok" --component vae --inputs "$T/no_latents.safetensors" --out "$T/v.safetensors" --threads 1
+run 2 "vae decode: latents must be \[B, 16, F, H, W\], got \[1, 16, 1, 2\]" "dlo-forward --component vae with 4-d latents" -- "$FW" --model "$T/full_ok" --component vae --inputs "$T/lat4d.safetensors" --out "$T/v.safetensors" --threads 1
+
 echo "== 5. --rank-passes: the rank that computes writes; nobody computing is refused"
 run 0 "" "mpirun -np 2 --rank-passes 0,1" -- mpirun -np 2 "${FWD[@]}" --inputs "$T/in.safetensors" --out "$T/rp.safetensors" --rank-passes 0,1
 cmp -s "$T/rp.safetensors" "$T/ref.safetensors" && ok "rank 1 wrote the output (equal to one rank's)" || fail "--rank-passes 0,1: output missing or different"

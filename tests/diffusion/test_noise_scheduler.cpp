@@ -17,8 +17,8 @@
 #include "dlo/common/error.h"
 #include "dlo/diffusion/noise_scheduler.h"
 #include "dlo/io/safetensors.h"
-#include "dlo/io/tensor_view.h"
-#include "dlo/models/make_model.h"
+#include "dlo/models/tensor_view.h"
+#include "dlo/testing/make_model.h"
 
 using namespace dlo;
 using dlo::test::TempDir;
@@ -480,11 +480,11 @@ TEST_CASE("config: unsupported classes and values are refused, naming the file, 
       {with_key(kWanConfig, "beta_schedule", R"("cosine")"), f + ": 'beta_schedule' is \"cosine\", not supported"},
       {with_key(kWanConfig, "timestep_spacing", R"("even")"), f + ": 'timestep_spacing' is \"even\", not supported"},
       {with_key(kWanConfig, "flow_shift", "-1"), f + ": 'flow_shift' is -1, must be a positive number"},
-      {with_key(kWanConfig, "flow_shift", R"("3")"), f + ": 'flow_shift' must be a number, got \"3\""},
-      {with_key(kWanConfig, "solver_order", "2.5"), f + ": 'solver_order' must be an integer, got 2.5"},
+      {with_key(kWanConfig, "flow_shift", R"("3")"), f + ": field 'flow_shift' must be a number, got \"3\""},
+      {with_key(kWanConfig, "solver_order", "2.5"), f + ": field 'solver_order' must be an integer, got 2.5"},
       {with_key(kWanConfig, "disable_corrector", "[true]"),
-       f + ": 'disable_corrector' must be a list of integers, got [true]"},
-      {with_key(kWanConfig, "lower_order_final", "null"), f + ": 'lower_order_final' must be true or false, got null"},
+       f + ": field 'disable_corrector' must be a list of integers, got [true]"},
+      {with_key(kWanConfig, "lower_order_final", "null"), f + ": field 'lower_order_final' must be true or false, got null"},
       {with_key(kWanConfig, "clip_sample", "true"),
        f + ": unknown key 'clip_sample' (= true) for UniPCMultistepScheduler"},
       {with_key(kWanConfig, "num_train_timesteps", "0"), f + ": noise scheduler: num_train_timesteps is 0"},

@@ -33,7 +33,7 @@
 
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 
 #include "common/gpu_probe.h"
 

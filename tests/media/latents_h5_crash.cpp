@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     entries.push_back({"e" + std::to_string(i), {1, 4, 3, 8, 8}, {{"parameters_json", "{\"i\": " + std::to_string(i) + "}"}},
                        "fp" + std::to_string(i)});
   try {
-    dlo::LatentsFile f(MPI_COMM_WORLD, argv[1], entries);
+    dlo::LatentsFile f(dlo::test::world(), argv[1], entries);
     if (crash) {
       for (int i = 0; i < 4; ++i)
         if (i % size == rank) f.write(i, dlo::test::latents_values(i, 0, entries[i].shape).data());

@@ -11,7 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "dlo/mpi/mpi_world.h"
+
 namespace dlo::test {
+
+// The tests' MpiWorld (MPI initialised by their main first; it finalises MPI itself).
+inline const MpiWorld& world() {
+  static MpiWorld w(nullptr, nullptr);
+  return w;
+}
 
 // Element e of entry `index` written in generation `gen`: exact in float32 (every term below 2^24,
 // halves), with both signs.

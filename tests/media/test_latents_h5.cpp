@@ -147,7 +147,7 @@ TEST_CASE("ranks write different entries at different times; h5py reads back eve
   const std::size_t n = entries.size(), never = 5;  // entry 5 is never written
   const int r = rank(), s = size();
   {
-    LatentsFile f(MPI_COMM_WORLD, path, entries);
+    LatentsFile f(dlo::test::world(), path, entries);
     REQUIRE(f.size() == n);
     for (std::size_t i = 0; i < n; ++i) CHECK_FALSE(f.complete(i));
     // Rank r writes entries i % size == r, last first, each after a different pause.
@@ -172,7 +172,7 @@ TEST_CASE("ranks write different entries at different times; h5py reads back eve
   // Reopened with the same entries (a resumed batch): every flag comes back from the file, on
   // every rank, and nothing changes.
   {
-    LatentsFile f(MPI_COMM_WORLD, path, entries);
+    LatentsFile f(dlo::test::world(), path, entries);
     for (std::size_t i = 0; i < n; ++i) CHECK(f.complete(i) == (i != never));
   }
   check_with_h5py(dir, path, expect, names_of(entries));
@@ -191,7 +191,7 @@ TEST_CASE("a reopen with changed entries keeps matching data, replaces changed o
   std::vector<LatentsEntry> a;
   for (int i = 0; i < 6; ++i) a.push_back(a_entry(i));
   {
-    LatentsFile f(MPI_COMM_WORLD, path, a);
+    LatentsFile f(dlo::test::world(), path, a);
     for (std::size_t i = 0; i < a.size(); ++i)
       if (static_cast<int>(i % s) == r && i != 4) f.write(i, latents_values(i, 0, a[i].shape).data());
   }
@@ -204,7 +204,7 @@ TEST_CASE("a reopen with changed entries keeps matching data, replaces changed o
                                        a[0], a[4]};
   const std::vector<bool> kept = {false, true, false, false, true, false};
   {
-    LatentsFile f(MPI_COMM_WORLD, path, b);
+    LatentsFile f(dlo::test::world(), path, b);
     for (std::size_t i = 0; i < b.size(); ++i) CHECK(f.complete(i) == kept[i]);
     // The missing ones, round robin over the ranks.
     std::size_t k = 0;
@@ -219,7 +219,7 @@ TEST_CASE("a reopen with changed entries keeps matching data, replaces changed o
 
   // Back to the first batch: a5's flag came through as another dataset's; a6 is now the other one.
   {
-    LatentsFile f(MPI_COMM_WORLD, path, a);
+    LatentsFile f(dlo::test::world(), path, a);
     const std::vector<bool> want = {true, false, false, true, false, true};
     for (std::size_t i = 0; i < a.size(); ++i) CHECK(f.complete(i) == want[i]);
   }
@@ -259,7 +259,7 @@ TEST_CASE("bad entries, paths and files give the same error on every rank and wr
     std::vector<LatentsEntry> v = good;
     c.change(v);
     bool same = false;
-    const std::string msg = error_of([&] { LatentsFile f(MPI_COMM_WORLD, path, v); }, &same);
+    const std::string msg = error_of([&] { LatentsFile f(dlo::test::world(), path, v); }, &same);
     CHECK(msg.find("latents file '" + path + "': ") == 0);
     CHECK(msg.find(c.message) != std::string::npos);
     CHECK(same);
@@ -271,7 +271,7 @@ TEST_CASE("bad entries, paths and files give the same error on every rank and wr
     std::vector<LatentsEntry> v = good;
     if (rank() == 1) v[2].fingerprint = "other";
     bool same = false;
-    const std::string msg = error_of([&] { LatentsFile f(MPI_COMM_WORLD, path, v); }, &same);
+    const std::string msg = error_of([&] { LatentsFile f(dlo::test::world(), path, v); }, &same);
     CHECK(msg.find("rank 1 was given a different path or entries than rank 0") != std::string::npos);
     CHECK(msg.find(path) != std::string::npos);
     CHECK(same);
@@ -280,10 +280,10 @@ TEST_CASE("bad entries, paths and files give the same error on every rank and wr
 
   // Paths: a folder, a missing folder.
   bool same = false;
-  std::string msg = error_of([&] { LatentsFile f(MPI_COMM_WORLD, dir.path(), good); }, &same);
+  std::string msg = error_of([&] { LatentsFile f(dlo::test::world(), dir.path(), good); }, &same);
   CHECK(msg.find("is a directory") != std::string::npos);
   CHECK(same);
-  msg = error_of([&] { LatentsFile f(MPI_COMM_WORLD, dir.file("no/such/x.h5"), good); }, &same);
+  msg = error_of([&] { LatentsFile f(dlo::test::world(), dir.file("no/such/x.h5"), good); }, &same);
   CHECK(msg.find("does not exist") != std::string::npos);
   CHECK(msg.find("no/such/x.h5") != std::string::npos);
   CHECK(same);
@@ -291,7 +291,7 @@ TEST_CASE("bad entries, paths and files give the same error on every rank and wr
   // A file that is not HDF5 is never replaced.
   if (rank() == 0) std::ofstream(path) << "my notes";
   MPI_Barrier(MPI_COMM_WORLD);
-  msg = error_of([&] { LatentsFile f(MPI_COMM_WORLD, path, good); }, &same);
+  msg = error_of([&] { LatentsFile f(dlo::test::world(), path, good); }, &same);
   CHECK(msg.find("exists and is not an HDF5 file; refusing to replace it") != std::string::npos);
   CHECK(same);
   std::ifstream in(path);
@@ -303,14 +303,14 @@ TEST_CASE("bad entries, paths and files give the same error on every rank and wr
                                           "', 'w')['job-1'] = [1.0]\"", dir);
   INFO(out);
   REQUIRE(rc == 0);
-  msg = error_of([&] { LatentsFile f(MPI_COMM_WORLD, other, good); }, &same);
+  msg = error_of([&] { LatentsFile f(dlo::test::world(), other, good); }, &same);
   CHECK(msg.find("an HDF5 file that dlo did not write") != std::string::npos);
   CHECK(msg.find(other) != std::string::npos);
   CHECK(same);
 
   // Index errors.
   std::filesystem::path ok = dir.file("ok.h5");
-  LatentsFile f(MPI_COMM_WORLD, ok, good);
+  LatentsFile f(dlo::test::world(), ok, good);
   const std::vector<float> data(1000, 1.0f);
   msg = error_of([&] { f.write(good.size(), data.data()); });
   CHECK(msg.find("entry index 7 out of range (7 entries)") != std::string::npos);

@@ -13,7 +13,7 @@
 
 #include "dlo/io/dtype.h"
 #include "dlo/io/safetensors.h"
-#include "dlo/io/tensor_view.h"
+#include "dlo/models/tensor_view.h"
 
 #ifndef DLO_GOLDEN_DIR
 #error "DLO_GOLDEN_DIR must name tests/data/goldens"

@@ -7,8 +7,9 @@
 #include <fstream>
 
 #include "common/test_util.h"
+#include "dlo/testing/make_model.h"
 #include "dlo/common/error.h"
-#include "dlo/models/json_config.h"
+#include "dlo/io/json_config.h"
 #include "dlo/models/umt5.h"
 #include "models/golden.h"
 

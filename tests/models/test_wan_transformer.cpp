@@ -8,8 +8,8 @@
 
 #include "common/test_util.h"
 #include "dlo/common/error.h"
-#include "dlo/models/json_config.h"
-#include "dlo/models/make_model.h"
+#include "dlo/io/json_config.h"
+#include "dlo/testing/make_model.h"
 #include "dlo/models/wan_transformer.h"
 #include "models/golden.h"
 

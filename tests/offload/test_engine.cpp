@@ -10,15 +10,16 @@
 #include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 #include "dlo/io/safetensors_writer.h"
-#include "dlo/io/tensor_view.h"
-#include "dlo/models/make_model.h"
-#include "dlo/models/random_weights.h"
+#include "dlo/models/tensor_view.h"
+#include "dlo/testing/make_model.h"
+#include "dlo/testing/random_weights.h"
 #include "dlo/models/umt5.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/offload/engine.h"
 #include "dlo/offload/runner.h"
+#include "dlo/offload/wave.h"
 
 using namespace dlo;
 

@@ -9,8 +9,8 @@
 
 #include "common/test_util.h"
 #include "dlo/io/safetensors_writer.h"
-#include "dlo/io/tensor_view.h"
-#include "dlo/models/random_weights.h"
+#include "dlo/models/tensor_view.h"
+#include "dlo/testing/random_weights.h"
 #include "dlo/offload/stack_plan.h"
 
 using namespace dlo;

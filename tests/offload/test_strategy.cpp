@@ -3,7 +3,7 @@
 
 #include "dlo/common/error.h"
 #include "dlo/dist/device.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/offload/strategy.h"
 
@@ -51,17 +51,17 @@ TEST_CASE("working memory of one forward, counted by hand for Wan 1.3B bf16 with
   // kept per branch: 2 L D es + T D es + T 4096 es + latent 16 es + latent 16 * 4 = 219,624,448
   // self-attention: L D (12 + 16) = 1,408,942,080; feed-forward: L D 12 + 2 L ffn 2 = 1,777,950,720
   // 1.25 * (2 * 219,624,448 + 1,777,950,720) + 256 MiB = 2,771,499,520 + 268,435,456
-  CHECK(wan_forward_working_bytes(c, 21, 60, 104, 512, 2, at::kBFloat16) == 3039934976ULL);
+  CHECK(wan_forward_working_bytes(c, 21, 60, 104, 512, 2, DType::BF16) == 3039934976ULL);
   // The review's figure for the old estimate was 140.1 GiB (16x the tokens, fp32 for everything).
-  CHECK(wan_forward_working_bytes(c, 21, 60, 104, 512, 2, at::kBFloat16) < 4ULL << 30);
+  CHECK(wan_forward_working_bytes(c, 21, 60, 104, 512, 2, DType::BF16) < 4ULL << 30);
   // Guidance adds a branch's kept tensors, not a second block's intermediates.
-  const auto one = wan_forward_working_bytes(c, 21, 60, 104, 512, 1, at::kBFloat16);
-  CHECK(wan_forward_working_bytes(c, 21, 60, 104, 512, 2, at::kBFloat16) - one == 274530560ULL);  // 1.25 * kept
+  const auto one = wan_forward_working_bytes(c, 21, 60, 104, 512, 1, DType::BF16);
+  CHECK(wan_forward_working_bytes(c, 21, 60, 104, 512, 2, DType::BF16) - one == 274530560ULL);  // 1.25 * kept
   // fp32 intermediates are larger.
-  CHECK(wan_forward_working_bytes(c, 21, 60, 104, 512, 2, at::kFloat) > one * 3 / 2);
+  CHECK(wan_forward_working_bytes(c, 21, 60, 104, 512, 2, DType::F32) > one * 3 / 2);
   // 14B at 720p: self-attention dominates, L D (12 + 16) = 10,838,016,000; 17,514,408,960 + 256 MiB.
   const auto big = WanTransformerConfig::preset("wan2.1-t2v-14b");
-  CHECK(wan_forward_working_bytes(big, 21, 90, 160, 512, 2, at::kBFloat16) == 17782844416ULL);
+  CHECK(wan_forward_working_bytes(big, 21, 90, 160, 512, 2, DType::BF16) == 17782844416ULL);
 }
 
 TEST_CASE("auto prefers resident, then device shards, mixed, dlo, layerwise, and says why") {

@@ -48,12 +48,16 @@ grep -qF "unknown key 'step' (did you mean 'steps'?)" "$T/stderr" || fail "bad m
 echo "ok: a bad manifest exits 2 with its problems and writes nothing"
 
 # --dry-run: the plan, which rank starts which job, a memory estimate; nothing rendered or written.
-mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --dry-run >"$T/plan.txt"
+mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --dry-run --offload dlo >"$T/plan.txt"
 grep -q "job 1 'owl': 32x48, 9 frames, 4 steps, guidance 1 -> $T/out/owl.mp4 (starts on rank 1)" "$T/plan.txt" \
   && grep -q "memory per rank with dlo on 2 rank(s)" "$T/plan.txt" && grep -q "slots per rank" "$T/plan.txt" \
   || fail "--dry-run: $(cat "$T/plan.txt")"
 [ ! -e "$T/out" ] || fail "--dry-run wrote $(ls -A "$T/out")"
-echo "ok: --dry-run prints the plan and the memory estimate, renders nothing"
+# With auto, the dry run says what the run will choose (one memory model for both).
+mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --dry-run >"$T/plan_auto.txt"
+dry=$(grep -o "memory per rank with [a-z-]* on" "$T/plan_auto.txt" | cut -d' ' -f5)
+[ -n "$dry" ] || fail "--dry-run (auto): $(cat "$T/plan_auto.txt")"
+echo "ok: --dry-run prints the plan and the memory estimate, renders nothing (auto would choose $dry)"
 
 # 2. 1, 2 and 3 ranks: the same frames for every job; and equal to the job rendered alone.
 for np in 1 2 3; do
@@ -74,6 +78,10 @@ done
 alone=$(grep -o '"frames_sha256": "[0-9a-f]*"' "$T/alone.json" | cut -d'"' -f4)
 [ "$alone" = "$ref_owl" ] || fail "owl alone $alone differs from owl in the batch $ref_owl"
 echo "ok: a job in the batch equals the same job rendered alone"
+mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --output-dir "$T/auto" --report "$T/auto.json"
+real=$(grep -o '"choice": "offload: [a-z-]*' "$T/auto.json" | cut -d' ' -f3)
+[ "$real" = "$dry" ] || fail "the dry run said $dry, the run chose $real"
+echo "ok: the run chose what its dry run said ($real)"
 
 # 3. Resume: nothing to do; a changed job is refused; --force renders again.
 lines=$(wc -l <"$T/out/results.jsonl")
@@ -88,6 +96,18 @@ set -e
 mpirun -np 2 "${GEN[@]}" --jobs "$T/changed.yaml" --force
 [ "$(wc -l <"$T/out/results.jsonl")" = $((lines + 4)) ] || fail "--force did not render the 4 jobs again"
 echo "ok: rerun skips finished jobs; a changed job is refused without --force; --force renders all"
+
+# Resume trusts an output only while it is whole: a deleted, an emptied and a cut video are rendered
+# again (and come out the same); the intact one is skipped.
+lines=$(wc -l <"$T/out/results.jsonl")
+rm "$T/out/fox.mp4"
+: >"$T/out/sea.mp4"
+head -c 1000 "$T/out/owl.mp4" >"$T/owl.cut" && mv "$T/owl.cut" "$T/out/owl.mp4"
+mpirun -np 2 "${GEN[@]}" --jobs "$T/changed.yaml" 2>"$T/stderr"
+[ "$(wc -l <"$T/out/results.jsonl")" = $((lines + 3)) ] || fail "resume after damage: $(tail -4 "$T/out/results.jsonl")"
+for id in fox owl sea; do [ "$(sha_of "$T/out/results.jsonl" $id)" = "$(eval echo \$ref_$id)" ] || fail "re-rendered $id differs"; done
+tail -3 "$T/out/results.jsonl" | grep -q '"id":"car"' && fail "the intact car.mkv was rendered again"
+echo "ok: a deleted, an emptied and a cut video are rendered again on resume; the intact one is not"
 
 # 4. A failing job: the others finish, an error line, exit 3.
 rm -rf "$T/out"

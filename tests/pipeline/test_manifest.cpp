@@ -9,13 +9,15 @@
 
 #include "common/test_util.h"
 #include "dlo/common/error.h"
-#include "dlo/models/make_model.h"
+#include "common/model_folder.h"
 #include "dlo/pipeline/manifest.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using dlo::test::TempDir;
+
+const dlo::OutputFormatNames kFormats = {{"mp4", ".mp4"}, {"png", ""}, {"ffv1", ".mkv"}};
 
 struct Loaded {
   std::string what;  // the ManifestError's message ("" when it loaded)
@@ -24,14 +26,14 @@ struct Loaded {
 };
 
 // Loads `text` written as `dir/name` (run from `dir`, so "m.yaml" is the file as given).
-Loaded load(const TempDir& dir, const std::string& name, const std::string& text, const dlo::JobFieldOverrides& flags = {},
+Loaded load(const TempDir& dir, const std::string& name, const std::string& text, const dlo::JobFlags& flags = {},
             std::optional<std::string> model_flag = std::nullopt, std::optional<std::string> out_flag = std::nullopt) {
   dlo::test::write_file(dir.file(name), text);
   const fs::path cwd = fs::current_path();
   fs::current_path(dir.path());
   Loaded r;
   try {
-    r.manifest = dlo::load_manifest(name, flags, model_flag, out_flag);
+    r.manifest = dlo::load_manifest(name, flags, model_flag, out_flag, kFormats);
   } catch (const dlo::ManifestError& e) {
     r.what = e.what();
     r.problems = e.problems();
@@ -41,7 +43,7 @@ Loaded load(const TempDir& dir, const std::string& name, const std::string& text
 }
 
 // The single message of a manifest with one problem.
-std::string one_problem(const TempDir& dir, const std::string& text, const dlo::JobFieldOverrides& flags = {}) {
+std::string one_problem(const TempDir& dir, const std::string& text, const dlo::JobFlags& flags = {}) {
   const Loaded r = load(dir, "m.yaml", text, flags);
   CHECK(r.problems.size() == 1);
   return r.what;
@@ -53,9 +55,9 @@ const char* kHead = "model: model\njobs:\n";
 
 TEST_CASE("a manifest resolves every field: job > command line > defaults > built in") {
   TempDir d;
-  dlo::JobFieldOverrides flags;
-  flags.steps = 7;
-  flags.crf = 18;
+  dlo::JobFlags flags;
+  flags["steps"] = "7";
+  flags["crf"] = "18";
   const Loaded r = load(d, "m.yaml",
                         "model: model\n"
                         "defaults:\n"
@@ -186,8 +188,8 @@ TEST_CASE("seeds: given anywhere wins; else the first 4 bytes of sha256(id), the
   const Loaded r3 = load(d, "m.yaml", "model: m\ndefaults: {seed: 5}\njobs: [a, {prompt: b, seed: 6}]\n");
   CHECK(r3.manifest.jobs[0].seed == 5);
   CHECK(r3.manifest.jobs[1].seed == 6);
-  dlo::JobFieldOverrides f;
-  f.seed = 9;
+  dlo::JobFlags f;
+  f["seed"] = "9";
   const Loaded r4 = load(d, "m.yaml", "model: m\ndefaults: {seed: 5}\njobs: [a]\n", f);
   CHECK(r4.manifest.jobs[0].seed == 9);
 }
@@ -312,11 +314,11 @@ TEST_CASE("each problem's message names the file, the line, the job (index and i
   CHECK(one_problem(d, h + "  - {prompt: a, output: results.jsonl}\n") ==
         "m.yaml:3:17: job 0 (id 'job-0000'): output: 'results.jsonl' is the batch's results file");
   // Command-line values are checked once, named by their flag.
-  dlo::JobFieldOverrides f;
-  f.steps = 0;
+  dlo::JobFlags f;
+  f["steps"] = "0";
   CHECK(one_problem(d, h + "  - a\n  - b\n", f) == "command line: --steps: must be >= 1, got 0");
   f = {};
-  f.format = "avi";
+  f["format"] = "avi";
   CHECK(one_problem(d, h + "  - a\n", f) == "command line: --format: 'avi' is not mp4, png or ffv1");
   // Not YAML at all, several documents, not a mapping.
   CHECK(one_problem(d, "model: m\njobs: [a\n") == "m.yaml:3:1: not valid YAML: end of sequence flow not found");
@@ -357,9 +359,9 @@ TEST_CASE("every problem of a manifest is reported at once, in file order") {
 
 TEST_CASE("the text form: a prompt per line, '#' lines and blank lines skipped, the rest from flags") {
   TempDir d;
-  dlo::JobFieldOverrides f;
-  f.steps = 3;
-  f.format = "ffv1";
+  dlo::JobFlags f;
+  f["steps"] = "3";
+  f["format"] = "ffv1";
   const Loaded r = load(d, "p.txt", "# prompts\na fox\r\n\n   \n  # indented comment\n  two  spaces kept  \nno\n", f,
                         std::string("model"));
   REQUIRE(r.what == "");
@@ -389,7 +391,7 @@ TEST_CASE("a manifest that is not a readable regular file is a dlo::Error, and a
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   std::string msg;
   try {
-    dlo::load_manifest(fifo, {}, std::nullopt, std::nullopt);
+    dlo::load_manifest(fifo, {}, std::nullopt, std::nullopt, kFormats);
   } catch (const dlo::Error& e) {
     msg = e.what();
   }
@@ -397,7 +399,7 @@ TEST_CASE("a manifest that is not a readable regular file is a dlo::Error, and a
   CHECK(msg.find("FIFO") != std::string::npos);
   msg.clear();
   try {
-    dlo::load_manifest(d.file("missing.yaml"), {}, std::nullopt, std::nullopt);
+    dlo::load_manifest(d.file("missing.yaml"), {}, std::nullopt, std::nullopt, kFormats);
   } catch (const dlo::Error& e) {
     msg = e.what();
   }
@@ -406,17 +408,13 @@ TEST_CASE("a manifest that is not a readable regular file is a dlo::Error, and a
 
 TEST_CASE("check_manifest: sizes and frames per job against the model, defaults' and flags' problems once, outputs") {
   TempDir d;
-  dlo::MakeModelOptions o;
-  o.dtype = dlo::DType::F32;
-  o.transformer.num_layers = 1;
-  o.transformer.in_channels = o.transformer.out_channels = o.vae.z_dim;
-  dlo::make_model(d.file("model"), o);
+  dlo::test::write_config_only_model(d.file("model"));
   const dlo::ModelInfo info = dlo::read_model_info(d.file("model"));
   REQUIRE(info.spatial_multiple() == 16);
   REQUIRE(info.temporal_factor() == 4);
 
-  dlo::JobFieldOverrides f;
-  f.width = 100;
+  dlo::JobFlags f;
+  f["width"] = "100";
   dlo::test::write_file(d.file("afile"), "x");
   const Loaded r = load(d, "m.yaml",
                         "model: model\n"
@@ -482,7 +480,7 @@ TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model'
   TempDir d;
   const std::string src = DLO_SOURCE_DIR;
   // jobs/demo.yaml: the demo model of tools/demo.sh (wan-test transformer, the small Wan VAE).
-  dlo::Manifest demo = dlo::load_manifest(src + "/jobs/demo.yaml", {}, std::nullopt, d.path().string());
+  dlo::Manifest demo = dlo::load_manifest(src + "/jobs/demo.yaml", {}, std::nullopt, d.path().string(), kFormats);
   CHECK(demo.model == src + "/out/demo/model");
   REQUIRE(demo.jobs.size() == 6);
   CHECK(demo.jobs[0].id == "fox");
@@ -495,7 +493,7 @@ TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model'
   small.vae = dlo::WanVaeConfig::preset("wan2.1-vae-small");
   CHECK(dlo::format_problems(dlo::check_manifest(demo, small)) == "");
   // jobs/wan2.1-t2v-1.3b.yaml: the real model's geometry.
-  dlo::Manifest wan = dlo::load_manifest(src + "/jobs/wan2.1-t2v-1.3b.yaml", {}, std::nullopt, d.path().string());
+  dlo::Manifest wan = dlo::load_manifest(src + "/jobs/wan2.1-t2v-1.3b.yaml", {}, std::nullopt, d.path().string(), kFormats);
   dlo::ModelInfo real;
   real.transformer = dlo::WanTransformerConfig::preset("wan2.1-t2v-1.3b");
   real.vae = dlo::WanVaeConfig::preset("wan2.1-vae");
@@ -510,11 +508,58 @@ TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model'
     CHECK(j.negative_prompt.rfind("Bright tones, overexposed", 0) == 0);
   }
   // jobs/prompts.txt, with the flags its comment shows.
-  dlo::JobFieldOverrides f;
-  f.steps = 6;
-  f.height = f.width = 64;
-  f.frames = 9;
-  dlo::Manifest txt = dlo::load_manifest(src + "/jobs/prompts.txt", f, std::string("out/demo/model"), d.path().string());
+  dlo::JobFlags f = {{"steps", "6"}, {"height", "64"}, {"width", "64"}, {"frames", "9"}};
+  dlo::Manifest txt = dlo::load_manifest(src + "/jobs/prompts.txt", f, std::string("out/demo/model"), d.path().string(), kFormats);
   CHECK(txt.jobs.size() == 4);
   CHECK(dlo::format_problems(dlo::check_manifest(txt, small)) == "");
+}
+
+TEST_CASE("precedence for every field the table lets all three set: the job's value > the command line > defaults > built in") {
+  TempDir d;
+  int fields = 0;
+  for (const auto& f : dlo::job_fields()) {
+    if (!(f.from(dlo::kFromJob) && f.from(dlo::kFromDefaults) && f.from(dlo::kFromBatchFlag))) continue;
+    CAPTURE(f.key);
+    ++fields;
+    // Three texts of the field's type (A for defaults, B for the flag, C for the job); a field with
+    // two names uses {a, b, a}, which still tells every pair apart.
+    std::vector<std::string> v;
+    switch (f.type) {
+      case dlo::JobFieldType::kText:
+        if (!f.choices.empty()) v = {f.choices[0], f.choices[1], f.choices[0]};
+        else if (f.app_choices) v = {"png", "ffv1", "mp4"};
+        else v = {"alpha", "beta", "gamma"};
+        break;
+      case dlo::JobFieldType::kSeed:
+      case dlo::JobFieldType::kInteger: v = {"17", "18", "19"}; break;
+      case dlo::JobFieldType::kNumber: v = {"1.25", "2.5", "3.75"}; break;
+    }
+    const bool text = f.type == dlo::JobFieldType::kText;
+    const auto yaml = [&](const std::string& s) { return text ? "\"" + s + "\"" : s; };
+    const auto parsed = [&](const std::string& s) {
+      std::string p;
+      auto x = dlo::parse_job_field(f, s, kFormats, &p);
+      REQUIRE_MESSAGE(x, p);
+      return *x;
+    };
+    const std::string jobs = "jobs:\n  - {id: own, prompt: x, " + f.key + ": " + yaml(v[2]) + "}\n  - {id: other, prompt: y}\n";
+    const std::string with_defaults = "model: m\ndefaults: {" + f.key + ": " + yaml(v[0]) + "}\n" + jobs;
+    Loaded r = load(d, "m.yaml", with_defaults, {{f.key, v[1]}});
+    REQUIRE_MESSAGE(r.what == "", r.what);
+    CHECK((f.get(r.manifest.jobs[0]) == parsed(v[2])));  // the job's own value
+    CHECK((f.get(r.manifest.jobs[1]) == parsed(v[1])));  // the command line over defaults
+    CHECK(r.manifest.sources[1].at(f.key).kind == dlo::ManifestFieldSource::kFlag);
+    r = load(d, "m.yaml", with_defaults);
+    CHECK((f.get(r.manifest.jobs[1]) == parsed(v[0])));  // defaults over built in
+    CHECK(r.manifest.sources[1].at(f.key).kind == dlo::ManifestFieldSource::kDefaults);
+    r = load(d, "m.yaml", "model: m\n" + jobs);
+    if (f.key == "seed") {
+      CHECK(r.manifest.jobs[1].seed == dlo::default_seed_for_id("other"));
+    } else if (f.key == "format") {
+      CHECK(r.manifest.jobs[1].format == "mp4");  // the app's first
+    } else {
+      CHECK((f.get(r.manifest.jobs[1]) == f.get(dlo::JobSpec{})));  // built in
+    }
+  }
+  CHECK(fields >= 12);
 }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/test_util.h"
+#include "dlo/testing/train_tokenizer.h"
 #include "dlo/common/error.h"
 #include "dlo/text/tokenizer.h"
 

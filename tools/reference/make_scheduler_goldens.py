@@ -21,7 +21,7 @@ test also parses diffusers-written configs.
 
 --check (the parity test) recomputes every output with the installed diffusers from the committed
 inputs and compares bit for bit with the committed file (a diffusers upgrade that changes the
-numbers is noticed here), then runs `test_noise_scheduler` from --bin against the freshly computed
+numbers is noticed here), then runs `test_diffusion` from --bin against the freshly computed
 file (dlo against the live diffusers). Exit 0 when both agree, else 1. With --device cuda the
 chains run on the GPU on both sides (WanPipeline's set_timesteps(device=cuda) included) and are
 compared with each other bit for bit; exit 77 without a GPU.
@@ -194,7 +194,7 @@ def check(args):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "goldens.safetensors")
         save_file(fresh, path, metadata=fmeta)
-        cmd = [os.path.join(args.bin, "test_noise_scheduler"), "--test-case=*diffusers*"]
+        cmd = [os.path.join(args.bin, "test_diffusion"), "--test-case=*diffusers*"]
         print("running", " ".join(cmd), "with DLO_SCHEDULER_GOLDENS =", path, "DLO_SCHEDULER_DEVICE =", args.device,
               flush=True)
         r = subprocess.run(cmd, env={**os.environ, "DLO_SCHEDULER_GOLDENS": path, "DLO_SCHEDULER_DEVICE": args.device})
@@ -209,7 +209,7 @@ def main():
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", help="write the goldens here")
     g.add_argument("--check", help="compare this committed goldens file with the installed diffusers")
-    ap.add_argument("--bin", help="with --check: the folder holding test_noise_scheduler")
+    ap.add_argument("--bin", help="with --check: the folder holding test_diffusion")
     ap.add_argument("--device", default="cpu",
                     help="with --check: run the chains on this device, diffusers and dlo alike (cuda: exit 77 "
                          "without a GPU; the outputs are then compared with the live diffusers only)")

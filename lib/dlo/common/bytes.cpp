@@ -11,6 +11,7 @@
 namespace dlo {
 
 std::string human_bytes(std::uint64_t n) {
+  if (n == UINT64_MAX) return "more than 16 EiB";  // a saturated figure (common/checked.h)
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(n);
   int u = 0;

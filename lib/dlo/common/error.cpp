@@ -13,3 +13,17 @@ void assert_fail(const char* expr, const char* file, int line, const std::string
 }
 
 }  // namespace dlo::detail
+
+namespace dlo {
+
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInput: return "input";
+    case ErrorKind::kIo: return "io";
+    case ErrorKind::kInternal: return "internal";
+    case ErrorKind::kTransfer: return "transfer";
+  }
+  return "internal";
+}
+
+}  // namespace dlo

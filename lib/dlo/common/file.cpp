@@ -40,7 +40,7 @@ std::string host_name() {
 }
 
 void fsync_fd(int fd, const std::string& what) {
-  DLO_CHECK(::fsync(fd) == 0 || errno == EINVAL || errno == EROFS, "syncing '", what, "': ", std::strerror(errno));
+  DLO_CHECK_IO(::fsync(fd) == 0 || errno == EINVAL || errno == EROFS, "syncing '", what, "': ", std::strerror(errno));
 }
 
 }  // namespace
@@ -117,7 +117,7 @@ void make_folders(const std::string& dir) {
   check_output_folder(dir);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  DLO_CHECK(!ec, "cannot create the folder '", dir, "': ", ec.message());
+  DLO_CHECK_IO(!ec, "cannot create the folder '", dir, "': ", ec.message());
 }
 
 void check_regular_file(const std::string& path) {
@@ -129,7 +129,9 @@ void check_regular_file(const std::string& path) {
 std::string read_file(const std::string& path) {
   check_regular_file(path);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  DLO_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  // A file the user may not read is bad input; any other failure to open a regular file is I/O.
+  DLO_CHECK_KIND(errno == EACCES || errno == EPERM ? ErrorKind::kInput : ErrorKind::kIo, fd >= 0, "cannot open '", path,
+                 "': ", std::strerror(errno));
   std::string out;
   char buf[1 << 16];
   for (;;) {
@@ -138,7 +140,7 @@ std::string read_file(const std::string& path) {
     if (n < 0) {
       const int e = errno;
       ::close(fd);
-      DLO_CHECK(false, "reading '", path, "': ", std::strerror(e));
+      DLO_CHECK_IO(false, "reading '", path, "': ", std::strerror(e));
     }
     if (n == 0) break;
     out.append(buf, static_cast<std::size_t>(n));
@@ -157,9 +159,9 @@ AtomicFile::AtomicFile(const std::string& path) : path_(resolve_output_path(path
   for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
     temp_ = unique_temp_name(path_);
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    DLO_CHECK(fd_ >= 0 || errno == EEXIST, "cannot create '", temp_, "' (for '", path_, "'): ", std::strerror(errno));
+    DLO_CHECK_IO(fd_ >= 0 || errno == EEXIST, "cannot create '", temp_, "' (for '", path_, "'): ", std::strerror(errno));
   }
-  DLO_CHECK(fd_ >= 0, "cannot create a temporary file for '", path_, "'");
+  DLO_CHECK_IO(fd_ >= 0, "cannot create a temporary file for '", path_, "'");
 }
 
 AtomicFile::~AtomicFile() {
@@ -168,12 +170,12 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::write(const void* data, std::size_t n) {
-  DLO_CHECK(fd_ >= 0, "writing '", path_, "' after commit()");
+  DLO_CHECK_KIND(::dlo::ErrorKind::kInternal, fd_ >= 0, "writing '", path_, "' after commit()");
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = ::write(fd_, p, std::min<std::size_t>(n, std::size_t{1} << 30));
     if (w < 0 && errno == EINTR) continue;
-    DLO_CHECK(w > 0, "writing '", path_, "' (temporary '", temp_, "'): ",
+    DLO_CHECK_IO(w > 0, "writing '", path_, "' (temporary '", temp_, "'): ",
               w == 0 ? "no byte written" : std::strerror(errno));
     p += w;
     n -= static_cast<std::size_t>(w);
@@ -181,13 +183,13 @@ void AtomicFile::write(const void* data, std::size_t n) {
 }
 
 void AtomicFile::commit() {
-  DLO_CHECK(fd_ >= 0 && !committed_, "AtomicFile::commit() called twice for '", path_, "'");
+  DLO_CHECK_KIND(::dlo::ErrorKind::kInternal, fd_ >= 0 && !committed_, "AtomicFile::commit() called twice for '", path_, "'");
   // The data may also have been written by a library through temp_path(): sync what is on disk.
   fsync_fd(fd_, temp_);
   const int fd = fd_;
   fd_ = -1;
-  DLO_CHECK(::close(fd) == 0, "closing '", temp_, "': ", std::strerror(errno));
-  DLO_CHECK(std::rename(temp_.c_str(), path_.c_str()) == 0, "renaming '", temp_, "' to '", path_,
+  DLO_CHECK_IO(::close(fd) == 0, "closing '", temp_, "': ", std::strerror(errno));
+  DLO_CHECK_IO(std::rename(temp_.c_str(), path_.c_str()) == 0, "renaming '", temp_, "' to '", path_,
             "': ", std::strerror(errno));
   committed_ = true;
   sync_folder(path_folder(path_));
@@ -225,11 +227,11 @@ void write_file_atomic(const std::string& path, std::string_view data) {
 
 void sync_folder(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DLO_CHECK(fd >= 0, "opening the folder '", dir, "': ", std::strerror(errno));
+  DLO_CHECK_IO(fd >= 0, "opening the folder '", dir, "': ", std::strerror(errno));
   const int rc = ::fsync(fd);
   const int e = errno;
   ::close(fd);
-  DLO_CHECK(rc == 0 || e == EINVAL || e == EROFS, "syncing the folder '", dir, "': ", std::strerror(e));
+  DLO_CHECK_IO(rc == 0 || e == EINVAL || e == EROFS, "syncing the folder '", dir, "': ", std::strerror(e));
 }
 
 }  // namespace dlo

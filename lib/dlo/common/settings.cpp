@@ -21,7 +21,14 @@ double parse_seconds_setting(const char* text, const std::string& name, double d
   const double v = plain ? std::strtod(s.c_str(), &end) : 0;
   DLO_CHECK(plain && end == s.c_str() + s.size() && errno == 0 && std::isfinite(v) && v > 0, name, "='", s,
             "' is not a number of seconds > 0");
+  // Beyond this the clocks' integer nanoseconds would overflow (at about 9.2e9 s) and every wait
+  // would end at once.
+  DLO_CHECK(v <= kMaxSecondsSetting, name, "='", s, "' is more than ", kMaxSecondsSetting, " seconds");
   return v;
+}
+
+double gather_timeout_setting(const char* text) {
+  return parse_seconds_setting(text, "DLO_GATHER_TIMEOUT_S", kDefaultGatherTimeoutS);
 }
 
 int available_cores() {

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "dlo/common/error.h"
+
 namespace dlo {
 
 // The exit codes of every tool.
@@ -17,10 +19,21 @@ enum ExitCode : int {
   kExitSomeJobsFailed = 3,  // a batch finished, some of its jobs failed
 };
 
+// The exit code of an error of `kind`: kExitBadInput for input, kExitFailed otherwise.
+inline int exit_code_of(ErrorKind kind) { return kind == ErrorKind::kInput ? kExitBadInput : kExitFailed; }
+
 // A duration in seconds from a setting's text, e.g. the value of DLO_GATHER_TIMEOUT_S: nullptr
 // (unset) gives `default_s`; otherwise the whole text must be a finite number > 0 ("30", "2.5").
 // Throws dlo::Error naming `name` and the text for anything else ("abc", "", "-1", "0", "5s").
+// Also refused: more than kMaxSecondsSetting.
 double parse_seconds_setting(const char* text, const std::string& name, double default_s);
+inline constexpr double kMaxSecondsSetting = 1e8;  // about three years
+
+// How long every collective waits for a rank before ending them all, unless DLO_GATHER_TIMEOUT_S
+// says otherwise: the one default (MpiWorld, the engine, the collectives start from it).
+inline constexpr double kDefaultGatherTimeoutS = 600;
+// DLO_GATHER_TIMEOUT_S's value (its text, or nullptr when unset) by parse_seconds_setting.
+double gather_timeout_setting(const char* text);
 
 // The cores this process may run on (its CPU affinity mask), at least 1.
 int available_cores();

@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "dlo/common/settings.h"
+
 namespace dlo {
 
 class MpiWorld;
@@ -27,7 +29,7 @@ class Collective {
   // How long one gather (NCCL: one call's host-side completion) may take before it fails: the
   // MpiWorld::timeout_s() the collective was made with (600 s, MpiWorld's default, for
   // implementations that do not say).
-  virtual double timeout_s() const { return 600; }
+  virtual double timeout_s() const { return kDefaultGatherTimeoutS; }
 
   // Collective, in-place AllGather (see above). Call from one thread at a time.
   // CPU: blocks until done. NCCL: `stream` is the cudaStream_t to enqueue on; returns once the

@@ -10,7 +10,7 @@
 
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 
 namespace dlo {
 namespace {
@@ -60,7 +60,7 @@ class MpiCollective final : public Collective {
       if (rc == MPI_SUCCESS) rc = wait(req, shard_bytes);
       MPI_Type_free(&strided);
       MPI_Type_free(&chunk);
-      DLO_CHECK(rc == MPI_SUCCESS, "MPI_Allgather of ", shard_bytes, "-byte shards failed (code ", rc, ")");
+      DLO_CHECK_KIND(ErrorKind::kTransfer, rc == MPI_SUCCESS, "MPI_Allgather of ", shard_bytes, "-byte shards failed (code ", rc, ")");
     }
   }
 
@@ -79,7 +79,8 @@ class MpiCollective final : public Collective {
       if ((spins & 1023) == 0 && std::chrono::steady_clock::now() - start > timeout_)
         throw Error(str("an AllGather of ", shard_bytes, "-byte shards has not finished in ",
                         std::chrono::duration<double>(timeout_).count(),
-                        " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"));
+                        " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"),
+                    ErrorKind::kTransfer);
     }
   }
 

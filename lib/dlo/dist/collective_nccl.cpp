@@ -7,7 +7,7 @@
 // 2.11 wheel's nvidia-nccl-cu13), whose nccl.h dlo compiles with.
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 
 #ifdef DLO_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "dlo/common/error.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 
 #ifdef DLO_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -105,12 +105,12 @@ void NcclComm::fail_locked(const std::string& what, const NcclWait& w) {
   } else if (w.kind == NcclWait::kStopped) {
     message = str("NCCL ", what, " (", context_, ") was stopped: the communicator is being aborted (",
                   abort_reason_.empty() ? std::string("abort() was called") : abort_reason_, ")");
-    throw Error(message);  // the aborting thread calls ncclCommAbort once it has the lock
+    throw Error(message, ErrorKind::kTransfer);  // the aborting thread calls ncclCommAbort once it has the lock
   } else {
     message = str("NCCL ", what, " (", context_, ") failed: ", ops_->error_string(w.result), last_error_suffix());
   }
   abort_locked(message);
-  throw Error(message + "; the communicator was aborted");
+  throw Error(message + "; the communicator was aborted", ErrorKind::kTransfer);
 }
 
 void NcclComm::abort_locked(const std::string& reason) noexcept {
@@ -134,14 +134,14 @@ void NcclComm::abort_locked(const std::string& reason) noexcept {
 void NcclComm::complete_init(NcclResult first) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string what = "communicator set-up (ncclCommInitRankConfig)";
-  if (state_.load() != kLive) throw Error(unusable_message(what));
+  if (state_.load() != kLive) throw Error(unusable_message(what), ErrorKind::kTransfer);
   const NcclWait w = wait_nccl_call(first, *ops_, timeout_s_, clock_, &abort_requested_);
   if (w.kind != NcclWait::kDone) fail_locked(what, w);
 }
 
 void NcclComm::call(const std::string& what, const std::function<NcclResult()>& fn) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_.load() != kLive || abort_requested_.load()) throw Error(unusable_message(what));
+  if (state_.load() != kLive || abort_requested_.load()) throw Error(unusable_message(what), ErrorKind::kTransfer);
   const NcclWait w = wait_nccl_call(fn(), *ops_, timeout_s_, clock_, &abort_requested_);
   if (w.kind != NcclWait::kDone) fail_locked(what, w);
 }
@@ -151,7 +151,7 @@ void NcclComm::check_async_error() {
   if (!lock.owns_lock()) return;  // the owner is in a call and polls the same state itself
   const int state = state_.load();
   if (state == kClosed) return;
-  if (state == kAborted) throw Error(unusable_message("asynchronous error check"));
+  if (state == kAborted) throw Error(unusable_message("asynchronous error check"), ErrorKind::kTransfer);
   NcclResult async = NcclResult::kSuccess;
   const NcclResult r = ops_->get_async_error(&async);
   const NcclResult bad = r != NcclResult::kSuccess ? r : async;
@@ -161,7 +161,7 @@ void NcclComm::check_async_error() {
       str("NCCL communicator (", context_, ") reported an asynchronous error: ", ops_->error_string(bad),
           last_error_suffix());
   abort_locked(message);
-  throw Error(message + "; the communicator was aborted");
+  throw Error(message + "; the communicator was aborted", ErrorKind::kTransfer);
 }
 
 void NcclComm::abort(const std::string& reason) noexcept {

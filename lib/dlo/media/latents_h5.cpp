@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 
 #include "dlo/common/error.h"
+#include "dlo/mpi/mpi_world.h"
 #include "dlo/common/file.h"
 #include "dlo/common/sha256.h"
 
@@ -197,33 +198,15 @@ std::string folder_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// ---- small collectives on our communicator -------------------------------------------------------
-
-std::string broadcast_string(MPI_Comm comm, std::string s, int root) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  unsigned long long n = s.size();
-  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm);
-  if (rank != root) s.assign(n, '\0');
-  // In pieces below INT_MAX (the plan of a huge batch could in principle exceed it).
-  for (unsigned long long off = 0; off < n; off += 1u << 30) {
-    const int len = static_cast<int>(std::min<unsigned long long>(n - off, 1u << 30));
-    MPI_Bcast(s.data() + off, len, MPI_CHAR, root, comm);
-  }
-  return s;
-}
+// ---- small collectives, through MpiWorld's bounded ones ----------------------------------------
 
 // Collective: if any rank has an error, every rank throws the error of the lowest such rank.
-void agree(MPI_Comm comm, const std::string& my_error) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  int first = my_error.empty() ? INT_MAX : rank;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+void agree(const MpiWorld& world, const std::string& my_error) {
+  const std::int64_t first = world.allreduce_min(my_error.empty() ? INT_MAX : world.rank(), "latents file");
   if (first == INT_MAX) return;
-  std::string msg = broadcast_string(comm, my_error, first);
-  if (size > 1 && first != 0) msg += str(" (on rank ", first, ")");
-  throw Error(msg);
+  std::string msg = world.broadcast_string(my_error, static_cast<int>(first), "latents file");
+  if (world.size() > 1 && first != 0) msg += str(" (on rank ", first, ")");
+  throw Error(msg, ErrorKind::kInput, /*on_every_rank=*/true);
 }
 
 // Runs fn() and returns its dlo::Error message, "" if none.
@@ -417,21 +400,20 @@ nlohmann::json make_plan(hid_t file, const std::vector<LatentsEntry>& entries, b
 
 // ---- LatentsFile ----------------------------------------------------------------------------------
 
-LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vector<LatentsEntry>& entries)
-    : path_(path), entries_(entries) {
+LatentsFile::LatentsFile(const MpiWorld& world, const std::string& path, const std::vector<LatentsEntry>& entries)
+    : world_(world), path_(path), entries_(entries) {
   QuietHdf5 quiet;
   const std::string ctx = "latents file '" + path + "'";
-  DLO_CHECK(comm != MPI_COMM_NULL, ctx, ": null communicator");
-  MPI_Comm_dup(comm, &comm_);
-  MPI_Comm_rank(comm_, &rank_);
+  rank_ = world.rank();
+  comm_handle_ = world.duplicate_comm("latents file");
   std::string temp;  // rank 0: the temporary a new file is built under
   try {
     std::string err = validate(entries_);
     if (err.empty() && path.empty()) err = "empty path";
-    agree(comm_, err.empty() ? "" : ctx + ": " + err);
+    agree(world_, err.empty() ? "" : ctx + ": " + err);
     const std::string mine = digest(path, entries_);
-    const std::string root = broadcast_string(comm_, mine, 0);
-    agree(comm_, mine == root ? "" : str(ctx, ": rank ", rank_, " was given a different path or entries than rank 0"));
+    const std::string root = world_.broadcast_string(mine, 0, "latents file");
+    agree(world_, mine == root ? "" : str(ctx, ": rank ", rank_, " was given a different path or entries than rank 0"));
 
     // Rank 0 decides: open the existing file or create a new one under a temporary name.
     std::string target;  // the path every rank opens
@@ -456,13 +438,13 @@ LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vect
         }
       });
     }
-    agree(comm_, err.empty() ? "" : ctx + ": " + err);
-    MPI_Bcast(&existing, 1, MPI_INT, 0, comm_);
-    target = broadcast_string(comm_, target, 0);
+    agree(world_, err.empty() ? "" : ctx + ": " + err);
+    existing = static_cast<int>(world_.allreduce_max(rank_ == 0 ? existing : 0, "latents file"));
+    target = world_.broadcast_string(target, 0, "latents file");
 
     err = error_of([&] {
       Id fapl = checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "H5Pcreate");
-      check_h5(H5Pset_fapl_mpio(fapl.get(), comm_, MPI_INFO_NULL), "H5Pset_fapl_mpio");
+      check_h5(H5Pset_fapl_mpio(fapl.get(), MPI_Comm_f2c(comm_handle_), MPI_INFO_NULL), "H5Pset_fapl_mpio");
       check_h5(H5Pset_alignment(fapl.get(), kAlignment, kAlignment), "H5Pset_alignment");
       const hid_t f = existing ? H5Fopen(target.c_str(), H5F_ACC_RDWR, fapl.get())
                                : H5Fcreate(target.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get());
@@ -474,7 +456,7 @@ LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vect
       // handle is left open (the process is about to report the error anyway).
       file_ = -1;
     }
-    agree(comm_, err.empty() ? "" : ctx + ": " + err);
+    agree(world_, err.empty() ? "" : ctx + ": " + err);
 
     // Every rank reads the existing file the same way and makes the plan. Not rank 0 alone: the
     // reads fill each rank's metadata cache and HDF5's list of global heap collections with free
@@ -483,9 +465,9 @@ LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vect
     // only rank 0 had read). The plans are compared; rank 0's is followed.
     std::string plan_text;
     err = error_of([&] { plan_text = make_plan(file_, entries_, existing).dump(); });
-    agree(comm_, err.empty() ? "" : ctx + ": " + err);
-    const std::string root_plan = broadcast_string(comm_, plan_text, 0);
-    agree(comm_, root_plan == plan_text ? ""
+    agree(world_, err.empty() ? "" : ctx + ": " + err);
+    const std::string root_plan = world_.broadcast_string(plan_text, 0, "latents file");
+    agree(world_, root_plan == plan_text ? ""
                                         : str(ctx, ": rank ", rank_, " reads the file differently from rank 0 (a file "
                                                    "system without coherent MPI-IO, such as NFS with caching?)"));
     const nlohmann::json plan = nlohmann::json::parse(root_plan);
@@ -562,9 +544,9 @@ LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vect
                  "writing /_complete");
       flags_ = ds.release();
     });
-    agree(comm_, err.empty() ? "" : ctx + ": " + err);
+    agree(world_, err.empty() ? "" : ctx + ": " + err);
     err = error_of([&] { check_h5(H5Fflush(file_, H5F_SCOPE_GLOBAL), "H5Fflush"); });
-    agree(comm_, err.empty() ? "" : ctx + ": " + err);
+    agree(world_, err.empty() ? "" : ctx + ": " + err);
 
     // A new file appears under its final name only now, complete.
     if (rank_ == 0 && !existing) {
@@ -576,7 +558,7 @@ LatentsFile::LatentsFile(MPI_Comm comm, const std::string& path, const std::vect
         sync_folder(folder_of(resolved));
       });
     }
-    agree(comm_, err.empty() ? "" : ctx + ": " + err);
+    agree(world_, err.empty() ? "" : ctx + ": " + err);
   } catch (...) {
     close_all();
     if (!temp.empty()) ::unlink(temp.c_str());
@@ -590,7 +572,7 @@ void LatentsFile::close_all() noexcept {
   if (flags_ >= 0) H5Dclose(flags_), flags_ = -1;
   if (file_ >= 0) H5Fclose(file_), file_ = -1;
   H5Eclear2(H5E_DEFAULT);
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (comm_handle_ >= 0) MpiWorld::free_comm(comm_handle_), comm_handle_ = -1;
 }
 
 LatentsFile::~LatentsFile() {
@@ -632,8 +614,13 @@ bool LatentsFile::complete(std::size_t index) const {
 void LatentsFile::flush() {
   QuietHdf5 quiet;
   const std::string err = H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0 ? "H5Fflush: " + hdf5_error() : "";
-  MPI_Allreduce(MPI_IN_PLACE, complete_.data(), static_cast<int>(complete_.size()), MPI_UNSIGNED_CHAR, MPI_MAX, comm_);
-  agree(comm_, err.empty() ? "" : "latents file '" + path_ + "': flushing: " + err);
+  // Every rank's flags, the most complete view of each entry (a flag only ever goes up by a write).
+  const std::vector<std::int64_t> mine(complete_.begin(), complete_.end());
+  const std::vector<std::int64_t> all = world_.allgather(mine, "latents file flush");
+  for (std::size_t r = 0; r < all.size() / std::max<std::size_t>(1, mine.size()); ++r)
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      complete_[i] = std::max<unsigned char>(complete_[i], static_cast<unsigned char>(all[r * mine.size() + i]));
+  agree(world_, err.empty() ? "" : "latents file '" + path_ + "': flushing: " + err);
 }
 
 }  // namespace dlo

@@ -51,8 +51,6 @@
 // MPI_Finalize (HDF5 closes what is still open when MPI finalises, not collectively).
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -60,6 +58,8 @@
 #include <vector>
 
 namespace dlo {
+
+class MpiWorld;
 
 struct LatentsEntry {
   std::string name;                 // dataset name, e.g. the job id: unique, non-empty, no '/' or
@@ -76,7 +76,8 @@ struct LatentsEntry {
 // One HDF5 file shared by all ranks of a communicator. Not copyable or movable.
 class LatentsFile {
  public:
-  // Collective over `comm`: every rank passes the same path and the same entries in the same order
+  // Collective over `world` (its collectives wait at most world.timeout_s(); HDF5's own collective
+  // calls run on a duplicate of its communicator): every rank passes the same path and the same entries in the same order
   // (checked: a difference throws on every rank). Creates the file if missing (under a temporary
   // name, renamed into place when complete). If it exists, it must be a file this class wrote (root
   // attribute "dlo_latents_version"); then an entry's dataset is kept with its data and flag if its
@@ -88,7 +89,7 @@ class LatentsFile {
   // does the same metadata operations. Storage is allocated at creation (no fill value written). Ends with a collective
   // flush. Throws dlo::Error naming the file (the same error on every rank, except for failures
   // inside an HDF5 collective call, which HDF5 reports per rank); the file is then closed.
-  LatentsFile(MPI_Comm comm, const std::string& path, const std::vector<LatentsEntry>& entries);
+  LatentsFile(const MpiWorld& world, const std::string& path, const std::vector<LatentsEntry>& entries);
   // Collective close (every rank destroys it; flushes). Errors are swallowed (a destructor).
   ~LatentsFile();
   LatentsFile(const LatentsFile&) = delete;
@@ -115,7 +116,8 @@ class LatentsFile {
  private:
   void close_all() noexcept;
 
-  MPI_Comm comm_ = MPI_COMM_NULL;  // a duplicate of the caller's communicator
+  const MpiWorld& world_;
+  int comm_handle_ = -1;  // HDF5's duplicate of the world's communicator (MpiWorld::duplicate_comm)
   int rank_ = 0;
   std::string path_;
   std::vector<LatentsEntry> entries_;

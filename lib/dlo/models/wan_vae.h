@@ -28,58 +28,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dlo/config/wan_vae_config.h"
 #include "dlo/io/dtype.h"
-#include "dlo/io/safetensors_writer.h"
-#include "dlo/models/json_config.h"
 #include "dlo/models/weights.h"
 
 namespace dlo {
-
-struct WanVaeConfig {
-  std::int64_t base_dim = 96;
-  std::optional<std::int64_t> decoder_base_dim;  // null: base_dim
-  std::int64_t z_dim = 16;
-  std::vector<std::int64_t> dim_mult{1, 2, 4, 4};
-  std::int64_t num_res_blocks = 2;
-  std::vector<double> attn_scales;  // encoder only (the decoder has no attention outside its mid block)
-  std::vector<bool> temperal_downsample{false, true, true};  // diffusers' spelling
-  double dropout = 0.0;                                      // inference: no effect
-  std::vector<double> latents_mean;                          // z_dim entries (defaults: the Wan2.1 VAE's)
-  std::vector<double> latents_std;
-  std::int64_t in_channels = 3;
-  std::int64_t out_channels = 3;
-  std::int64_t scale_factor_temporal = 4;  // agrees with temperal_downsample (from_json follows that)
-  std::int64_t scale_factor_spatial = 8;   // agrees with dim_mult (from_json follows that)
-  // What from_json() accepted but a user should hear about, one sentence each (the library does
-  // not print; apps do): e.g. a scale_factor_temporal that disagrees with temperal_downsample.
-  std::vector<std::string> warnings;
-
-  WanVaeConfig();
-
-  std::int64_t decoder_dim() const { return decoder_base_dim.value_or(base_dim); }
-  // Channels of the decoder stages: [dim * dim_mult[-1]] + [dim * m for m in reversed(dim_mult)].
-  std::vector<std::int64_t> decoder_dims() const;
-  // temperal_downsample reversed: up block i doubles the frames iff it is true (and i < last).
-  std::vector<bool> temperal_upsample() const;
-  // Video frames decoded from `latent_frames` (>= 1): 1 + (latent_frames - 1) * 2^(#temporal ups).
-  std::int64_t output_frames(std::int64_t latent_frames) const;
-
-  // Reads a diffusers vae/config.json. Throws dlo::Error naming the file and field for missing,
-  // mistyped, unknown, unsupported (Wan2.2: is_residual, patch_size) or inconsistent values.
-  static WanVaeConfig from_json(const JsonConfig& json);
-  // "wan-vae-test" (diffusers' VAE unit-test config: base_dim 3, dim_mult [1,1,1,1], 1 res block),
-  // "wan2.1-vae-small" (the real structure with base_dim 16), "wan2.1-vae" (the real Wan2.1 VAE).
-  static WanVaeConfig preset(const std::string& name);
-  static std::vector<std::string> preset_names();
-  // Checks consistency. Throws dlo::Error naming `where` and the field.
-  void validate(const std::string& where) const;
-  // config.json text as diffusers writes it (keys sorted).
-  std::string to_json() const;
-};
-
-// Every tensor of a diffusers AutoencoderKLWan checkpoint (encoder, quant_conv, post_quant_conv,
-// decoder), with the given dtype. With include_encoder=false, only post_quant_conv and decoder.
-std::vector<TensorSpec> wan_vae_specs(const WanVaeConfig& c, DType dtype, bool include_encoder = true);
 
 // ---------------------------------------------------------------------------------------------
 // Weights

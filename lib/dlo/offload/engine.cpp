@@ -12,7 +12,8 @@
 
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
-#include "dlo/io/tensor_view.h"
+#include "dlo/models/tensor_view.h"
+#include "dlo/models/torch_errors.h"
 #include "dlo/offload/transport.h"
 
 namespace dlo {
@@ -312,7 +313,7 @@ void BlockEngine::traverse(const std::function<void(std::int64_t, const std::vec
       try {
         compute(i, w);
       } catch (const std::exception& e) {
-        failure = e.what();
+        failure = describe_exception(e);
         failed_block = i;
       }
     }

@@ -37,6 +37,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dlo/common/error.h"
+#include "dlo/common/settings.h"
 #include "dlo/offload/stack_plan.h"
 
 namespace dlo {
@@ -61,7 +63,7 @@ struct EngineOptions {
   // on the host); 0 < device_blocks < num_blocks. device-shards: all of them; dlo: none (ignored).
   std::int64_t device_blocks = 0;
   // A gather that has not completed after this many seconds ends every rank (NCCL watchdog); > 0.
-  double gather_timeout_s = 600;
+  double gather_timeout_s = kDefaultGatherTimeoutS;
   // Test hook (the fault-injection test): throw while transferring this block. -1: never.
   std::int64_t fail_at_block = -1;
 };
@@ -86,9 +88,10 @@ struct EngineStats {
 
 // A model's computation failed inside BlockEngine::traverse; the engine and the collective are
 // fine (the pass was completed without computing), so only the work it belonged to has failed.
-class BlockComputeError : public std::runtime_error {
+// Failures of the transfers are dlo::Error of kind transfer (the collective is out of step).
+class BlockComputeError : public Error {
  public:
-  explicit BlockComputeError(const std::string& what) : std::runtime_error(what) {}
+  explicit BlockComputeError(const std::string& what) : Error(what, ErrorKind::kInternal) {}
 };
 
 // `stats` as a JSON object ({"strategy", "host_bytes", ..., "pack_s"}), for the tools' reports.

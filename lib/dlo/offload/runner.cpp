@@ -5,8 +5,9 @@
 
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 #include "dlo/models/umt5.h"
+#include "dlo/models/torch_errors.h"
 #include "dlo/models/wan_transformer.h"
 
 namespace dlo {
@@ -38,18 +39,6 @@ std::string engine_stats_json(const EngineStats& s) {
                                  {"exposed_wait_s", s.exposed_wait_s},
                                  {"pack_s", s.pack_s}})
       .dump();
-}
-
-WaveSchedule agree_wave(const MpiWorld& world, std::int64_t my_passes, std::uint64_t fingerprint) {
-  DLO_CHECK(my_passes >= 0, "a rank's pass count must be >= 0");
-  WaveSchedule w;
-  w.passes = world.allgather(my_passes, "wave agreement (pass counts)");
-  auto prints = world.allgather(static_cast<std::int64_t>(fingerprint), "wave agreement (block layout)");
-  for (int r = 1; r < world.size(); ++r)
-    DLO_CHECK(prints[r] == prints[0], "rank ", r, " planned a different block layout than rank 0 (fingerprint ",
-              prints[r], " vs ", prints[0], "): all ranks must load the same checkpoint with the same dtype");
-  for (auto p : w.passes) w.length = std::max(w.length, p);
-  return w;
 }
 
 OffloadStack::OffloadStack(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
@@ -93,17 +82,28 @@ WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks)
                    ranks),
       model_(model) {}
 
-std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInputs>& branches) {
+std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInputs>& branches,
+                                                  const std::function<void(std::int64_t)>& before_block) {
   const auto& c = model_.config();
   std::vector<WanForwardState> states;
-  for (const auto& b : branches) states.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
-  engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {
+  try {
+    for (const auto& b : branches) states.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
+  } catch (const std::exception& e) {
+    ghost();  // the other ranks are in this pass's gathers: join them without computing
+    throw BlockComputeError(str("the transformer's input embeddings: ", describe_exception(e)));
+  }
+  engine().traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
+    if (before_block) before_block(i);
     const WanBlockWeights bw = WanBlockWeights::bind(w, c);
     for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);
   });
-  std::vector<at::Tensor> out;
-  for (const auto& s : states) out.push_back(model_.end(s));
-  return out;
+  try {
+    std::vector<at::Tensor> out;
+    for (const auto& s : states) out.push_back(model_.end(s));
+    return out;
+  } catch (const std::exception& e) {
+    throw BlockComputeError(str("the transformer's output head: ", describe_exception(e)));
+  }
 }
 
 Umt5OffloadRunner::Umt5OffloadRunner(const Umt5Encoder& encoder, int ranks)

@@ -1,11 +1,6 @@
-// Running a model's forward passes through the offload engine on every rank at once.
-//
-// A wave is a set of forward passes that all ranks run in lockstep: rank r has its own inputs
-// and P_r passes (different prompts, different step counts, or none at all). Before the wave the
-// ranks agree on the schedule (every P_r and the layout fingerprint); then every rank runs
-// max(P_r) traversals, computing in the first P_r and joining the gathers without computing
-// ("ghost" passes) in the rest. No rank repeats another's work and none waits on a collective the
-// others will never join.
+// Running a model's forward passes through the offload engine: a model's block stack with its
+// plan, collective and engine (OffloadStack), and the Wan transformer's and UMT5's forwards
+// through it. How the ranks start a wave together is offload/wave.h.
 #pragma once
 
 #include <cstdint>
@@ -27,15 +22,6 @@ class MpiWorld;
 class Collective;
 class WanTransformer;
 class Umt5Encoder;
-
-// Everyone's view of the wave, agreed collectively.
-struct WaveSchedule {
-  std::vector<std::int64_t> passes;  // per rank
-  std::int64_t length = 0;           // max over ranks: traversals every rank makes
-};
-// Collective: gathers each rank's pass count and layout fingerprint. Throws dlo::Error on every
-// rank (the same message) if the fingerprints differ.
-WaveSchedule agree_wave(const MpiWorld& world, std::int64_t my_passes, std::uint64_t fingerprint);
 
 // One branch of a Wan forward: latents, timestep and text context of one request.
 struct WanBranchInputs {
@@ -70,7 +56,12 @@ class WanOffloadRunner : public OffloadStack {
   // One forward of every branch (e.g. conditional and unconditional for guidance): each block's
   // weights are brought in once and every branch runs through it back to back, so guidance
   // streams the weights once per step. Outputs per branch, equal to separate forwards.
-  std::vector<at::Tensor> forward(const std::vector<WanBranchInputs>& branches);
+  // `before_block(i)`, if given, runs before block i computes (a test hook: it may throw).
+  // A failure of the computation (the embeddings, a block, the output head, a failed allocation)
+  // throws BlockComputeError after the traversal was completed without computing, so the other
+  // ranks' gathers go on; any other exception is the transfers' (the collective is out of step).
+  std::vector<at::Tensor> forward(const std::vector<WanBranchInputs>& branches,
+                                  const std::function<void(std::int64_t block)>& before_block = {});
 
  private:
   const WanTransformer& model_;

@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "dlo/common/error.h"
-#include "dlo/io/tensor_view.h"
+#include "dlo/models/tensor_view.h"
 
 namespace dlo {
 namespace {

@@ -3,23 +3,24 @@
 #include <algorithm>
 
 #include "dlo/common/bytes.h"
+#include "dlo/common/checked.h"
 #include "dlo/common/error.h"
 #include "dlo/common/memory.h"
 #include "dlo/dist/device.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 #include "dlo/offload/stack_plan.h"
 
 namespace dlo {
 
 std::uint64_t StackSize::total() const {
   std::uint64_t t = 0;
-  for (auto b : block_bytes) t += b;
+  for (auto b : block_bytes) t = sat_add(t, b);
   return t;
 }
 
 std::uint64_t StackSize::shards_total() const {
   std::uint64_t t = 0;
-  for (auto s : shard_bytes) t += s;
+  for (auto s : shard_bytes) t = sat_add(t, s);
   return t;
 }
 
@@ -67,7 +68,7 @@ MemoryBudget agree_memory_budget(const MpiWorld& world, c10::Device device, cons
 namespace {
 
 // `need` fits `budget` with a 10% margin; an unknown budget (0) fits everything.
-bool fits(std::uint64_t need, std::uint64_t budget) { return budget == 0 || need + need / 10 <= budget; }
+bool fits(std::uint64_t need, std::uint64_t budget) { return budget == 0 || with_margin(need) <= budget; }
 
 const char* kNames = "auto, resident, device-shards, mixed, dlo or layerwise";
 
@@ -77,7 +78,7 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
                                const MemoryBudget& budget) {
   const auto n = static_cast<std::int64_t>(stack.block_bytes.size());
   const std::uint64_t total = stack.total(), shards = stack.shards_total();
-  const std::uint64_t slots = 2 * stack.slot_bytes;
+  const std::uint64_t slots = sat_mul(2, stack.slot_bytes);
   const std::optional<Strategy> asked = requested == "auto" ? std::nullopt : parse_strategy(requested);
   DLO_CHECK(requested == "auto" || asked, "unknown offload strategy '", requested, "' (", kNames, ")");
   const std::string dev = budget.device_is_host ? std::string("host") : str("device budget ", human_bytes(budget.device), " (", budget.device_why, ")");
@@ -86,12 +87,12 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
   // Blocks 0..k-1 whose shards fit on the device beside the two slots and the working memory.
   std::int64_t k = 0;
   if (!budget.device_is_host) {
-    std::uint64_t used = slots + working;
-    while (k < n && fits(used + stack.shard_bytes[static_cast<std::size_t>(k)], budget.device))
-      used += stack.shard_bytes[static_cast<std::size_t>(k++)];
+    std::uint64_t used = sat_add(slots, working);
+    while (k < n && fits(sat_add(used, stack.shard_bytes[static_cast<std::size_t>(k)]), budget.device))
+      used = sat_add(used, stack.shard_bytes[static_cast<std::size_t>(k++)]);
   }
   std::uint64_t host_after_k = 0;  // host shard bytes of blocks k..n-1
-  for (std::int64_t i = k; i < n; ++i) host_after_k += stack.shard_bytes[static_cast<std::size_t>(i)];
+  for (std::int64_t i = k; i < n; ++i) host_after_k = sat_add(host_after_k, stack.shard_bytes[static_cast<std::size_t>(i)]);
 
   if (asked) {
     const Strategy want = asked.value_or(Strategy::kResident);
@@ -121,28 +122,28 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
 
   if (budget.device_is_host) {
     // CPU: resident blocks are the page cache (one copy per node); each rank adds its activations.
-    const std::uint64_t node_need = total + working * static_cast<std::uint64_t>(budget.ranks_per_node);
-    const std::uint64_t node_avail = budget.host * static_cast<std::uint64_t>(budget.ranks_per_node);
+    const std::uint64_t node_need = sat_add(total, sat_mul(working, static_cast<std::uint64_t>(budget.ranks_per_node)));
+    const std::uint64_t node_avail = sat_mul(budget.host, static_cast<std::uint64_t>(budget.ranks_per_node));
     if (fits(node_need, node_avail))
       return {Strategy::kResident, 0,
               str("weights ", human_bytes(total), " + working ", human_bytes(working), " x ", budget.ranks_per_node,
                   " rank(s) fit in the node's available memory", budget.host == 0 ? " (unknown)" : "",
                   " (mmap views, shared by the ranks of a node)")};
-    if (stack.ranks > 1 && fits(shards + slots + working, budget.host))
+    if (stack.ranks > 1 && fits(sat_add(sat_add(shards, slots), working), budget.host))
       return {Strategy::kDlo, 0,
               str("weights ", human_bytes(total), " do not fit the node's available memory; 1/", stack.ranks,
                   " per rank (", human_bytes(shards), ") does, within the ", host)};
     // (At one rank, layerwise would copy the same bytes the page cache already failed to hold.)
     throw Error(str("the blocks (", human_bytes(total), ") do not fit this node's memory in any strategy: ",
-                    stack.ranks > 1 ? str("1/", stack.ranks, " shards need ", human_bytes(shards + slots + working))
-                                    : str("resident needs ", human_bytes(total + working)),
+                    stack.ranks > 1 ? str("1/", stack.ranks, " shards need ", human_bytes(sat_add(sat_add(shards, slots), working)))
+                                    : str("resident needs ", human_bytes(sat_add(total, working))),
                     " per rank, with the ", host,
                     "; use more ranks (on more nodes) or a smaller dtype (resident, asked for by name, runs from "
                     "the page cache anyway, slowly)"));
   }
 
   const std::string need_working = str(" + working ", human_bytes(working));
-  if (fits(total + working, budget.device))
+  if (fits(sat_add(total, working), budget.device))
     return {Strategy::kResident, 0, str("weights ", human_bytes(total), need_working, " fit the ", dev)};
   const bool sharded = stack.ranks > 1;
   if (sharded && k == n)
@@ -154,7 +155,7 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
             str("weights ", human_bytes(total), " do not fit the ", dev, "; the shards of ", k, " of ", n,
                 " blocks do beside 2 slots", need_working, "; the other ", n - k, " blocks stream from ",
                 human_bytes(host_after_k), " of host shards")};
-  DLO_CHECK(fits(slots + working, budget.device), "the ", dev, " cannot hold even two block slots (",
+  DLO_CHECK(fits(sat_add(slots, working), budget.device), "the ", dev, " cannot hold even two block slots (",
             human_bytes(slots), ")", need_working, ": use smaller latents, fewer frames or a smaller dtype");
   if (sharded && fits(shards, budget.host))
     return {Strategy::kDlo, 0,

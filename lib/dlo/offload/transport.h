@@ -20,6 +20,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dlo/common/settings.h"
+
 namespace dlo {
 
 class Collective;
@@ -61,7 +63,7 @@ struct TransportOptions {
   at::Device device = at::kCPU;
   Collective* collective = nullptr;  // gathers and, on CUDA, its watchdog; null: one rank
   std::int64_t blocks = 0;           // blocks in the ring (per-block stall timing)
-  double gather_timeout_s = 600;     // CUDA watchdog: a gather not finished by then ends every rank
+  double gather_timeout_s = kDefaultGatherTimeoutS;     // CUDA watchdog: a gather not finished by then ends every rank
 };
 
 class Transport {

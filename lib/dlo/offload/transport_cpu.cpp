@@ -99,7 +99,7 @@ class CpuTransport final : public Transport {
 
  private:
   void transfer(const Transfer& t) {
-    if (t.fail) throw Error(str("injected fault while transferring block ", t.block, " (fail_at_block)"));
+    if (t.fail) throw Error(str("injected fault while transferring block ", t.block, " (fail_at_block)"), ErrorKind::kTransfer);
     std::memcpy(t.slot_base + t.offset, t.src, t.bytes);
     if (t.gather_shard > 0 && opt_.collective != nullptr) opt_.collective->allgather_inplace(t.slot_base, t.gather_shard);
   }
@@ -121,9 +121,13 @@ class CpuTransport final : public Transport {
       }
       try {
         if (!failed) transfer(t);
-      } catch (...) {
+      } catch (const std::exception& e) {
+        // Whatever failed, the collective is now out of step: a transfer error for every wait.
+        const auto* d = dynamic_cast<const Error*>(&e);
         std::lock_guard<std::mutex> lock(mu_);
-        error_ = std::current_exception();
+        error_ = d != nullptr && d->kind() == ErrorKind::kTransfer
+                     ? std::current_exception()
+                     : std::make_exception_ptr(Error(str("transferring block ", t.block, ": ", e.what()), ErrorKind::kTransfer));
       }
       {
         std::lock_guard<std::mutex> lock(mu_);

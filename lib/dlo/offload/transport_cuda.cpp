@@ -24,7 +24,7 @@
 
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
-#include "dlo/dist/mpi_world.h"
+#include "dlo/mpi/mpi_world.h"
 #include "dlo/offload/cuda_handles.h"
 #include "dlo/offload/transport.h"
 
@@ -116,7 +116,7 @@ class CudaTransport final : public Transport {
 
   void request(const Transfer& t) override {
     c10::cuda::CUDAGuard guard(index_);
-    if (t.fail) throw Error(str("injected fault while transferring block ", t.block, " (fail_at_block)"));
+    if (t.fail) throw Error(str("injected fault while transferring block ", t.block, " (fail_at_block)"), ErrorKind::kTransfer);
     const int s = t.slot;
     // Write-after-read guard: the slot's previous block must be done on the compute stream (the
     // first time: whatever the compute stream did with this memory before the engine got it).
@@ -216,10 +216,11 @@ class CudaTransport final : public Transport {
             if (e == cudaErrorNotReady) {
               if (now_ms() - watch_since_ms_.load() > timeout_ms)
                 throw Error(str("the gather of block ", watch_block_.load(), " has not finished in ",
-                                opt_.gather_timeout_s, " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"));
+                                opt_.gather_timeout_s, " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"),
+                            ErrorKind::kTransfer);
             } else if (e != cudaSuccess) {
               throw Error(str("the gather of block ", watch_block_.load(), " failed on the device: ",
-                              cudaGetErrorString(e)));
+                              cudaGetErrorString(e)), ErrorKind::kTransfer);
             }
           }
         } catch (const std::exception& e) {

@@ -17,28 +17,24 @@
 
 #include "dlo/common/file.h"
 #include "dlo/common/sha256.h"
+#include "dlo/common/text.h"
 
 namespace dlo {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Job fields, in the order they are documented.
-const std::vector<std::string> kJobKeys = {"id",     "prompt", "negative_prompt", "seed",       "steps",  "guidance",
-                                           "height", "width",  "frames",          "fps",        "scheduler",
-                                           "flow_shift", "format", "crf",         "preset",     "output"};
-const std::vector<std::string> kPerJobOnly = {"id", "prompt", "output"};
-const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs"};
-
-enum class Kind { kString, kSeed, kInt, kDouble };
-
-Kind kind_of(const std::string& key) {
-  if (key == "seed") return Kind::kSeed;
-  if (key == "steps" || key == "height" || key == "width" || key == "frames" || key == "fps" || key == "crf")
-    return Kind::kInt;
-  if (key == "guidance" || key == "flow_shift") return Kind::kDouble;
-  return Kind::kString;
+// The job fields a manifest may hold (in jobs or `defaults`), in the table's order.
+const std::vector<std::string>& job_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& f : job_fields())
+      if (f.from(kFromJob) || f.from(kFromDefaults)) k.push_back(f.key);
+    return k;
+  }();
+  return keys;
 }
+const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs"};
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
@@ -52,72 +48,9 @@ std::string number(double v) {
   return os.str();
 }
 
-std::string flag_name(const std::string& key) {
-  std::string f = "--" + key;
-  std::replace(f.begin(), f.end(), '_', '-');
-  return f;
-}
-
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-// " (did you mean 'steps'?)" or "": the closest known key by edit distance (case and '-' vs '_'
-// ignored), or one that contains the key or is contained in it ("num_frames" -> "frames").
-std::string suggestion(const std::string& key, const std::vector<std::string>& known) {
-  std::string k = key;
-  for (auto& c : k) c = c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  std::string best;
-  std::size_t best_d = std::max<std::size_t>(2, k.size() / 3) + 1;
-  for (const auto& cand : known) {
-    const std::size_t d = edit_distance(k, cand);
-    if (d < best_d) best_d = d, best = cand;
-  }
-  if (best.empty())
-    for (const auto& cand : known)
-      if (std::min(k.size(), cand.size()) >= 4 && (k.find(cand) != std::string::npos || cand.find(k) != std::string::npos)) {
-        best = cand;
-        break;
-      }
-  return best.empty() ? "" : " (did you mean '" + best + "'?)";
-}
-
-bool valid_utf8(const std::string& s, std::size_t* bad = nullptr) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const std::size_t n = s.size();
-  for (std::size_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    bool ok = len != 0 && i + len <= n && !(len == 2 && c < 0xc2);
-    for (std::size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
-    if (ok && len == 3) {
-      const unsigned cp = ((c & 0x0f) << 12) | ((p[i + 1] & 0x3f) << 6);
-      ok = cp >= 0x800 && !(cp >= 0xd800 && cp <= 0xdfff);
-    }
-    if (ok && len == 4) {
-      const unsigned cp = ((c & 0x07) << 18) | ((p[i + 1] & 0x3f) << 12);
-      ok = cp >= 0x10000 && cp <= 0x10ffff;
-    }
-    if (!ok) {
-      if (bad) *bad = i;
-      return false;
-    }
-    i += len;
-  }
-  return true;
-}
-
 // A parsed value and where it came from.
 struct Value {
-  std::variant<std::string, std::uint64_t, std::int64_t, double> v;
+  JobFieldValue v;
   ManifestFieldSource src;
 };
 using Fields = std::map<std::string, Value>;
@@ -134,8 +67,9 @@ class Problems {
            std::int64_t column = -1) {
     list.push_back({file_, job, "", field, message, line, column});
   }
-  void add_flag(const std::string& key, const std::string& message) {
-    list.push_back({"command line", -1, "", flag_name(key), message});
+  // A problem of a flag's value: `flag` as written ("--steps").
+  void add_flag(const std::string& flag, const std::string& message) {
+    list.push_back({"command line", -1, "", flag, message});
   }
   std::vector<ManifestProblem> list;
 
@@ -164,89 +98,36 @@ bool is_plain_or_typed(const YAML::Node& n, const char* core_tag) {
   return t == "?" || t == std::string("tag:yaml.org,2002:") + core_tag;
 }
 
-// Checks of a value that need no model (the rest is validate_job's). "" when good.
-std::string range_problem(const std::string& key, const Value& val) {
-  if (const auto* i = std::get_if<std::int64_t>(&val.v)) {
-    const std::int64_t v = *i;
-    if (key == "steps" && v < 1) return str("must be >= 1, got ", v);
-    if ((key == "height" || key == "width" || key == "frames") && v < 1) return str("must be positive, got ", v);
-    if (key == "fps" && (v < 1 || v > 240)) return str("must be in 1..240, got ", v);
-    if (key == "crf" && (v < 0 || v > 51)) return str("must be in 0..51 (libx264), got ", v);
-  } else if (const auto* d = std::get_if<double>(&val.v)) {
-    if (!std::isfinite(*d)) return "must be a finite number";
-    if (key == "flow_shift" && !(*d > 0)) return str("must be a positive number, got ", number(*d));
-  } else if (const auto* s = std::get_if<std::string>(&val.v)) {
-    if (key == "format" && *s != "mp4" && *s != "png" && *s != "ffv1") return str("'", *s, "' is not mp4, png or ffv1");
-    if (key == "scheduler" && *s != "unipc" && *s != "euler") return str("unknown noise scheduler '", *s, "' (unipc, euler)");
-    if (key == "id" && !is_safe_job_id(*s))
-      return str("'", *s, "' is not a safe file name: use 1..128 of A-Z a-z 0-9 . _ -, not starting with '.' or '-'");
-    if (key == "output" && s->empty()) return "is empty";
-    if (key == "preset" && s->empty()) return "is empty";
-    std::size_t bad = 0;
-    if (!valid_utf8(*s, &bad)) return str("is not valid UTF-8 (byte ", bad, ")");
-  }
-  return "";
-}
-
-// Parses one field's YAML value; reports a wrong type or value and returns nothing then.
-std::optional<Value> parse_value(const std::string& key, const YAML::Node& node, const YAML::Mark& key_mark,
+// Parses one field's YAML value; reports a wrong type or value and returns nothing then. The
+// text of a scalar is parsed as flags are (parse_job_field); what is YAML's own (null, lists,
+// quoted numbers) is checked here.
+std::optional<Value> parse_value(const JobField& f, const YAML::Node& node, const YAML::Mark& key_mark,
                                  ManifestFieldSource::Kind kind, std::int64_t job, const std::string& field,
-                                 Problems& problems) {
+                                 const OutputFormatNames& formats, Problems& problems) {
   const auto bad = [&](const std::string& msg) {
     problems.add(job, field, msg, key_mark);
     return std::optional<Value>{};
   };
-  const Kind k = kind_of(key);
-  const char* want = k == Kind::kString ? "a string" : k == Kind::kDouble ? "a number" : "an integer";
-  if (node.IsNull()) return bad(str("has no value (", k == Kind::kString ? "write \"\" for an empty string; " : "",
+  const bool is_text = f.type == JobFieldType::kText;
+  const char* want = is_text ? "a string" : f.type == JobFieldType::kNumber ? "a number" : "an integer";
+  if (node.IsNull()) return bad(str("has no value (", is_text ? "write \"\" for an empty string; " : "",
                                     "expected ", want, ")"));
   if (!node.IsScalar()) return bad(str("must be ", want, ", got ", type_name(node)));
-  const std::string& text = node.Scalar();
-  Value val;
-  val.src = source_at(kind, key_mark);
-  if (k == Kind::kString) {
-    val.v = text;  // as written: `no`, `1.5` and `~x` are text here
-  } else {
-    const bool numeric_tag = is_plain_or_typed(node, k == Kind::kDouble ? "float" : "int") ||
-                             (k == Kind::kDouble && node.Tag() == "tag:yaml.org,2002:int");
+  const std::string& text = node.Scalar();  // text fields: as written (`no`, `1.5` and `~x` are text)
+  if (!is_text) {
+    const bool numeric_tag = is_plain_or_typed(node, f.type == JobFieldType::kNumber ? "float" : "int") ||
+                             (f.type == JobFieldType::kNumber && node.Tag() == "tag:yaml.org,2002:int");
     if (!numeric_tag) return bad(str("must be ", want, ", got the string \"", text, "\" (drop the quotes)"));
-    std::string t = text;
-    const bool negative = !t.empty() && t[0] == '-';
-    if (!t.empty() && t[0] == '+') t.erase(0, 1);
-    if (k == Kind::kDouble) {
-      static const std::set<std::string> nonfinite = {".inf", ".Inf", ".INF", "+.inf", "-.inf", "-.Inf", "-.INF",
-                                                      ".nan", ".NaN", ".NAN"};
-      if (nonfinite.count(text)) return bad(str("must be a finite number, got '", text, "'"));
-      const bool digits = !t.empty() && t.find_first_not_of("0123456789.eE+-") == std::string::npos &&
-                          t.find_first_of("0123456789") != std::string::npos;
-      char* end = nullptr;
-      const double d = digits ? std::strtod(t.c_str(), &end) : 0.0;
-      if (!digits || end != t.c_str() + t.size()) return bad(str("must be a number, got '", text, "'"));
-      val.v = d;
-    } else {
-      const std::string body = negative ? t.substr(1) : t;
-      const bool digits = !body.empty() && body.find_first_not_of("0123456789") == std::string::npos;
-      if (!digits) return bad(str("must be an integer, got '", text, "'"));
-      if (k == Kind::kSeed) {
-        if (negative) return bad(str("must be >= 0 (a seed is 0 .. 18446744073709551615), got ", text));
-        std::uint64_t u = 0;
-        const auto r = std::from_chars(body.data(), body.data() + body.size(), u);
-        if (r.ec != std::errc()) return bad(str("out of range (a seed is 0 .. 18446744073709551615), got ", text));
-        val.v = u;
-      } else {
-        std::int64_t i = 0;
-        const auto r = std::from_chars(t.data(), t.data() + t.size(), i);
-        if (r.ec != std::errc()) return bad(str("out of range, got ", text));
-        val.v = i;
-      }
-    }
   }
-  if (std::string p = range_problem(key, val); !p.empty()) return bad(p);
-  return val;
+  std::string problem;
+  auto v = parse_job_field(f, text, formats, &problem);
+  if (!v) return bad(problem);
+  return Value{*v, source_at(kind, key_mark)};
 }
 
 // Reads the fields of a mapping (a job or `defaults`); reports unknown and duplicate keys.
-Fields read_fields(const YAML::Node& map, bool is_defaults, std::int64_t job, Problems& problems) {
+Fields read_fields(const YAML::Node& map, bool is_defaults, std::int64_t job, const OutputFormatNames& formats,
+                   Problems& problems) {
   Fields out;
   std::map<std::string, std::int64_t> seen;  // key -> line
   for (auto it = map.begin(); it != map.end(); ++it) {
@@ -262,51 +143,45 @@ Fields read_fields(const YAML::Node& map, bool is_defaults, std::int64_t job, Pr
       problems.add(job, is_defaults ? "defaults." + key : key, str("given twice (also on line ", pos->second, ")"), km);
       continue;
     }
-    if (!contains(kJobKeys, key)) {
+    if (!contains(job_keys(), key)) {
       std::string msg = str("unknown key '", key, "'");
       if (contains(kTopKeys, key))
         msg += str(" (", key, " is a top-level key: one per manifest)");
       else
-        msg += suggestion(key, kJobKeys);
+        msg += did_you_mean(key, job_keys());
       problems.add(job, where, msg, km);
       continue;
     }
-    if (is_defaults && contains(kPerJobOnly, key)) {
+    const JobField& f = *find_job_field(key);
+    if (is_defaults && !f.from(kFromDefaults)) {
       problems.add(job, "defaults." + key, "is per job: it cannot be a default", km);
       continue;
     }
-    auto v = parse_value(key, it->second, km, is_defaults ? ManifestFieldSource::kDefaults : ManifestFieldSource::kJob,
-                         job, is_defaults ? "defaults." + key : key, problems);
+    auto v = parse_value(f, it->second, km, is_defaults ? ManifestFieldSource::kDefaults : ManifestFieldSource::kJob,
+                         job, is_defaults ? "defaults." + key : key, formats, problems);
     if (v) out.emplace(key, std::move(*v));
   }
   return out;
 }
 
-// The command line's values as fields, checked once (problems name the flag).
-Fields flag_fields(const JobFieldOverrides& f, Problems& problems) {
+// The command line's values as fields, parsed and checked once (problems name the flag).
+Fields flag_fields(const JobFlags& flags, const OutputFormatNames& formats, Problems& problems) {
   Fields out;
   ManifestFieldSource src;
   src.kind = ManifestFieldSource::kFlag;
-  const auto put = [&](const std::string& key, auto v) {
-    Value val{v, src};
-    if (std::string p = range_problem(key, val); !p.empty())
-      problems.add_flag(key, p);
+  for (const auto& [key, text] : flags) {
+    const JobField* f = find_job_field(key);
+    DLO_ASSERT(f != nullptr && !f->flag.empty(), "flag for the unknown job field '", key, "'");
+    if (!f->from(kFromBatchFlag)) {
+      problems.add_flag("--" + f->flag, str("is for one prompt; with --jobs each job has its own (manifest key ", f->key, ")"));
+      continue;
+    }
+    std::string problem;
+    if (auto v = parse_job_field(*f, text, formats, &problem))
+      out.emplace(key, Value{*v, src});
     else
-      out.emplace(key, std::move(val));
-  };
-  if (f.negative_prompt) put("negative_prompt", *f.negative_prompt);
-  if (f.format) put("format", *f.format);
-  if (f.preset) put("preset", *f.preset);
-  if (f.seed) put("seed", *f.seed);
-  if (f.steps) put("steps", *f.steps);
-  if (f.height) put("height", *f.height);
-  if (f.width) put("width", *f.width);
-  if (f.frames) put("frames", *f.frames);
-  if (f.fps) put("fps", *f.fps);
-  if (f.crf) put("crf", *f.crf);
-  if (f.guidance) put("guidance", *f.guidance);
-  if (f.flow_shift) put("flow_shift", *f.flow_shift);
-  if (f.scheduler) put("scheduler", std::string(noise_scheduler_name(*f.scheduler)));
+      problems.add_flag("--" + f->flag, problem);
+  }
   return out;
 }
 
@@ -332,10 +207,16 @@ std::string path_key(const std::string& p) {
   return a.string();
 }
 
-const char* format_extension(const std::string& format) {
-  if (format == "ffv1") return ".mkv";
-  if (format == "png") return "";
-  return ".mp4";
+const OutputFormatName* find_format(const OutputFormatNames& formats, const std::string& name) {
+  for (const auto& f : formats)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+// A format whose output is a folder (its default output has no extension).
+bool is_folder_format(const OutputFormatNames& formats, const std::string& name) {
+  const OutputFormatName* f = find_format(formats, name);
+  return f != nullptr && f->extension.empty();
 }
 
 // One job as read: its fields and where the entry is.
@@ -347,9 +228,10 @@ struct RawJob {
 };
 
 Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fields& defaults, const Fields& flags,
-                      std::string model, std::string output_dir, Problems& problems) {
+                      std::string model, std::string output_dir, const OutputFormatNames& formats, Problems& problems) {
   Manifest m;
   m.path = path;
+  m.formats = formats;
   m.model = std::move(model);
   m.output_dir = std::move(output_dir);
   const std::size_t n = raw.size();
@@ -391,34 +273,23 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
     const auto ji = static_cast<std::int64_t>(i);
     JobSpec job;
     std::map<std::string, ManifestFieldSource> src;
-    for (const auto& key : kJobKeys) {
+    // The precedence rule: the job's own value > the command line > `defaults` > built in.
+    for (const auto& f : job_fields()) {
       const Value* v = nullptr;
-      for (const Fields* f : {static_cast<const Fields*>(&raw[i].fields), &flags, &defaults})
-        if (auto it = f->find(key); it != f->end()) {
+      for (const Fields* layer : {static_cast<const Fields*>(&raw[i].fields), &flags, &defaults})
+        if (auto it = layer->find(f.key); it != layer->end()) {
           v = &it->second;
           break;
         }
       if (!v) continue;
-      src[key] = v->src;
-      if (key == "prompt") job.prompt = std::get<std::string>(v->v);
-      else if (key == "negative_prompt") job.negative_prompt = std::get<std::string>(v->v);
-      else if (key == "seed") job.seed = std::get<std::uint64_t>(v->v);
-      else if (key == "steps") job.steps = std::get<std::int64_t>(v->v);
-      else if (key == "guidance") job.guidance = std::get<double>(v->v);
-      else if (key == "height") job.height = std::get<std::int64_t>(v->v);
-      else if (key == "width") job.width = std::get<std::int64_t>(v->v);
-      else if (key == "frames") job.frames = std::get<std::int64_t>(v->v);
-      else if (key == "fps") job.fps = std::get<std::int64_t>(v->v);
-      else if (key == "crf") job.crf = std::get<std::int64_t>(v->v);
-      else if (key == "flow_shift") job.flow_shift = std::get<double>(v->v);
-      else if (key == "scheduler") job.scheduler = parse_noise_scheduler_kind(std::get<std::string>(v->v));
-      else if (key == "format") job.format = std::get<std::string>(v->v);
-      else if (key == "preset") job.preset = std::get<std::string>(v->v);
-      else if (key == "output") job.output = std::get<std::string>(v->v);
+      src[f.key] = v->src;
+      f.set(job, v->v);
     }
+    if (job.format.empty() && !formats.empty()) job.format = formats.front().name;
     job.id = ids[i];
     if (!src.count("seed")) job.seed = default_seed_for_id(job.id);
-    job.output = resolve(m.output_dir, src.count("output") ? job.output : job.id + format_extension(job.format));
+    const OutputFormatName* fmt = find_format(formats, job.format);
+    job.output = resolve(m.output_dir, src.count("output") ? job.output : job.id + (fmt ? fmt->extension : ""));
     if (!src.count("output")) {
       ManifestFieldSource s;  // made from the id: reported at the job's entry
       s.kind = ManifestFieldSource::kBuiltIn;
@@ -441,15 +312,18 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
   // An output inside another job's PNG folder (the PNG writer replaces that folder whole).
   std::map<std::string, std::size_t> png_folders;  // path_key -> index into m.jobs
   for (std::size_t k = 0; k < m.jobs.size(); ++k)
-    if (m.jobs[k].format == "png") png_folders.emplace(path_key(m.jobs[k].output), k);
+    if (is_folder_format(formats, m.jobs[k].format)) png_folders.emplace(path_key(m.jobs[k].output), k);
   for (std::size_t k = 0; k < m.jobs.size() && !png_folders.empty(); ++k) {
     for (fs::path p = fs::path(path_key(m.jobs[k].output)).parent_path(); p.has_relative_path(); p = p.parent_path()) {
       auto it = png_folders.find(p.string());
       if (it == png_folders.end()) continue;
       const ManifestFieldSource& os = m.sources[k].at("output");
       const JobSpec& other = m.jobs[it->second];
-      problems.add(static_cast<std::int64_t>(k), "output", str("'", m.jobs[k].output, "' is inside the PNG folder of job ",
-                                                              other.id, " ('", other.output, "')"), os.line, os.column);
+      std::string kind = other.format;  // "PNG folder"
+      for (auto& c : kind) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      problems.add(static_cast<std::int64_t>(k), "output", str("'", m.jobs[k].output, "' is inside the ", kind,
+                                                              " folder of job ", other.id, " ('", other.output, "')"),
+                   os.line, os.column);
       break;
     }
   }
@@ -507,12 +381,13 @@ void model_and_output_dir(const std::string& folder, const std::optional<std::st
   }
 }
 
-Manifest load_text(const std::string& path, const std::string& text, const JobFieldOverrides& flags,
-                   const std::optional<std::string>& model_flag, const std::optional<std::string>& output_dir_flag) {
+Manifest load_text(const std::string& path, const std::string& text, const JobFlags& flags,
+                   const std::optional<std::string>& model_flag, const std::optional<std::string>& output_dir_flag,
+                   const OutputFormatNames& formats) {
   Problems problems(path);
   std::string model, output_dir;
   model_and_output_dir(folder_of(path), model_flag, output_dir_flag, nullptr, model, output_dir, problems);
-  const Fields ff = flag_fields(flags, problems);
+  const Fields ff = flag_fields(flags, formats, problems);
   std::vector<RawJob> raw;
   std::istringstream in(text);
   std::string line;
@@ -538,13 +413,14 @@ Manifest load_text(const std::string& path, const std::string& text, const JobFi
     raw.push_back(std::move(job));
   }
   if (raw.empty()) problems.add(-1, "", "holds no prompt (empty lines and lines starting with '#' are skipped)");
-  Manifest m = resolve_jobs(path, std::move(raw), {}, ff, model, output_dir, problems);
+  Manifest m = resolve_jobs(path, std::move(raw), {}, ff, model, output_dir, formats, problems);
   if (!problems.list.empty()) fail(std::move(problems.list));
   return m;
 }
 
-Manifest load_yaml(const std::string& path, const std::string& text, const JobFieldOverrides& flags,
-                   const std::optional<std::string>& model_flag, const std::optional<std::string>& output_dir_flag) {
+Manifest load_yaml(const std::string& path, const std::string& text, const JobFlags& flags,
+                   const std::optional<std::string>& model_flag, const std::optional<std::string>& output_dir_flag,
+                   const OutputFormatNames& formats) {
   Problems problems(path);
   std::vector<YAML::Node> docs;
   try {
@@ -585,8 +461,8 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFi
     }
     if (!contains(kTopKeys, key)) {
       std::string msg = str("unknown key '", key, "'");
-      msg += contains(kJobKeys, key) ? str(" (", key, " is a job field: put it under `defaults` or in a job)")
-                                     : suggestion(key, kTopKeys);
+      msg += contains(job_keys(), key) ? str(" (", key, " is a job field: put it under `defaults` or in a job)")
+                                       : did_you_mean(key, kTopKeys);
       problems.add(-1, "", msg, km);
       continue;
     }
@@ -601,9 +477,9 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFi
     if (!defaults_node.IsMap())
       problems.add(-1, "defaults", str("must be a mapping of job fields, got ", type_name(defaults_node)), defaults_mark);
     else
-      defaults = read_fields(defaults_node, true, -1, problems);
+      defaults = read_fields(defaults_node, true, -1, formats, problems);
   }
-  const Fields ff = flag_fields(flags, problems);
+  const Fields ff = flag_fields(flags, formats, problems);
 
   std::vector<RawJob> raw;
   if (!has_jobs) {
@@ -620,10 +496,10 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFi
       if (!e.Mark().is_null()) job.line = e.Mark().line + 1, job.column = e.Mark().column + 1;
       if (e.IsScalar()) {
         // A bare string is the prompt, as written.
-        auto v = parse_value("prompt", e, e.Mark(), ManifestFieldSource::kJob, ji, "prompt", problems);
+        auto v = parse_value(*find_job_field("prompt"), e, e.Mark(), ManifestFieldSource::kJob, ji, "prompt", formats, problems);
         if (v) job.fields.emplace("prompt", std::move(*v));
       } else if (e.IsMap()) {
-        job.fields = read_fields(e, false, ji, problems);
+        job.fields = read_fields(e, false, ji, formats, problems);
         if (!job.fields.count("id") && e["id"] && e["id"].IsScalar()) job.shown_id = e["id"].Scalar();
         bool has_prompt = false;
         for (auto it = e.begin(); it != e.end(); ++it) has_prompt |= it->first.IsScalar() && it->first.Scalar() == "prompt";
@@ -638,7 +514,7 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFi
       raw.push_back(std::move(job));
     }
   }
-  Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, problems);
+  Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, formats, problems);
   if (!problems.list.empty()) fail(std::move(problems.list));
   return m;
 }
@@ -708,23 +584,17 @@ std::uint64_t default_seed_for_id(const std::string& id) {
   return (std::uint64_t{d[0]} << 24) | (std::uint64_t{d[1]} << 16) | (std::uint64_t{d[2]} << 8) | std::uint64_t{d[3]};
 }
 
-bool is_safe_job_id(const std::string& id) {
-  if (id.empty() || id.size() > 128 || id[0] == '.' || id[0] == '-') return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-  });
-}
-
-Manifest load_manifest(const std::string& path, const JobFieldOverrides& flags,
-                       const std::optional<std::string>& model_flag, const std::optional<std::string>& output_dir_flag) {
+Manifest load_manifest(const std::string& path, const JobFlags& flags, const std::optional<std::string>& model_flag,
+                       const std::optional<std::string>& output_dir_flag, const OutputFormatNames& formats) {
+  DLO_ASSERT(!formats.empty(), "load_manifest without output formats");
   const std::string text = with_context(str("manifest '", path, "'"), [&] {
     check_regular_file(path);
     return read_file(path);
   });
   std::string ext = fs::path(path).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (ext == ".txt") return load_text(path, text, flags, model_flag, output_dir_flag);
-  return load_yaml(path, text, flags, model_flag, output_dir_flag);
+  if (ext == ".txt") return load_text(path, text, flags, model_flag, output_dir_flag, formats);
+  return load_yaml(path, text, flags, model_flag, output_dir_flag, formats);
 }
 
 std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const ModelInfo& model,
@@ -741,14 +611,14 @@ std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const Mode
         if (auto it = manifest.sources[i].find(field); it != manifest.sources[i].end()) s = it->second;
       return s;
     };
-    for (const FieldError& fe : validate_job(job, model)) {
+    for (const FieldError& fe : validate_job(job, model, manifest.formats)) {
       const ManifestFieldSource s = source(fe.field);
       if (s.kind == ManifestFieldSource::kDefaults) {
         if (reported.insert("defaults." + fe.field + "\n" + fe.message).second)
           out.push_back({manifest.path, -1, "", "defaults." + fe.field, fe.message, s.line, s.column});
       } else if (s.kind == ManifestFieldSource::kFlag) {
-        if (reported.insert(flag_name(fe.field) + "\n" + fe.message).second)
-          out.push_back({"command line", -1, "", flag_name(fe.field), fe.message});
+        const std::string flag = "--" + find_job_field(fe.field)->flag;
+        if (reported.insert(flag + "\n" + fe.message).second) out.push_back({"command line", -1, "", flag, fe.message});
       } else {
         const bool at_key = s.kind == ManifestFieldSource::kJob;
         out.push_back({manifest.path, ji, job.id, fe.field, fe.message, at_key ? s.line : entry_line,

@@ -18,19 +18,13 @@
 #include <vector>
 
 #include "dlo/common/error.h"
-#include "dlo/diffusion/noise_scheduler.h"
-#include "dlo/pipeline/job.h"
+#include "dlo/config/job.h"
 
 namespace dlo {
 
-// Values given on dlo-generate's command line for job fields (unset: not given).
-struct JobFieldOverrides {
-  std::optional<std::string> negative_prompt, format, preset;
-  std::optional<std::uint64_t> seed;
-  std::optional<std::int64_t> steps, height, width, frames, fps, crf;
-  std::optional<double> guidance, flow_shift;
-  std::optional<NoiseSchedulerKind> scheduler;
-};
+// Job fields given on the command line: field key -> the flag's text as given (parsed and checked
+// by the field table, parse_job_field).
+using JobFlags = std::map<std::string, std::string>;
 
 // Where a job's field got its value (for messages: a value from `defaults` or a flag is reported
 // once, where it was written, not once per job).
@@ -49,6 +43,7 @@ struct Manifest {
   // else the manifest's folder ("." when the manifest path has no folder part).
   std::string output_dir;
   std::vector<JobSpec> jobs;  // every field resolved; `output` resolved against output_dir
+  OutputFormatNames formats;  // the app's output formats it was read with
   // Per job (same index as jobs), per field name (the manifest's keys): where its value came from.
   std::vector<std::map<std::string, ManifestFieldSource>> sources;
   // Per job: the 1-based line of its entry in the manifest (-1: unknown).
@@ -98,16 +93,17 @@ class ManifestError : public Error {
 //     the flags (--model is required).
 // Ids when absent: "job-" + the index zero-padded to 4 digits (more when there are 10000 jobs or
 // more), with "-2", "-3", ... appended if that equals another job's id. Output when absent: the id +
-// ".mp4" (mp4), ".mkv" (ffv1), or a folder named the id (png), in output_dir. Seed when given
+// its format's extension (a folder named the id for a folder format), in output_dir. Seed when given
 // nowhere: the first 4 bytes of sha256(id) as a big-endian uint32, so a rerun renders the same video.
 // Collects every problem of the file (unknown keys with "did you mean", duplicate keys, wrong types,
 // values out of range that need no model, a missing prompt, no jobs, duplicate ids, ids that are not
 // filesystem-safe, duplicate outputs after resolution, invalid scheduler/format names) and throws
 // ManifestError with all of them. Throws dlo::Error for an unreadable file (a FIFO is refused
 // without blocking). Reads nothing but the manifest; writes nothing.
-Manifest load_manifest(const std::string& path, const JobFieldOverrides& flags,
-                       const std::optional<std::string>& model_flag,
-                       const std::optional<std::string>& output_dir_flag);
+// `formats`: the app's output formats (the first is the default `format`). A flag of a field that is
+// not a batch field (--prompt, --out) is a problem of its own.
+Manifest load_manifest(const std::string& path, const JobFlags& flags, const std::optional<std::string>& model_flag,
+                       const std::optional<std::string>& output_dir_flag, const OutputFormatNames& formats);
 
 // The checks that need the model's configs and the output locations: validate_job per job (a
 // problem of a value from `defaults` or a flag is reported once, at its source); output_dir and
@@ -126,7 +122,5 @@ void create_output_folders(const Manifest& manifest);
 // The seed a job gets when none is given: the first 4 bytes of sha256(id), big-endian.
 std::uint64_t default_seed_for_id(const std::string& id);
 
-// Whether `id` may name a job: 1..128 characters of [A-Za-z0-9._-], not starting with '.' or '-'.
-bool is_safe_job_id(const std::string& id);
 
 }  // namespace dlo

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -17,24 +18,14 @@ namespace dlo {
 
 using json = nlohmann::ordered_json;
 
-std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const std::string& dtypes) {
-  const NoiseSchedulerConfig s = job_scheduler_config(job, model);
-  const json j = {{"prompt", job.prompt},
-                  {"negative_prompt", job.guided() ? job.negative_prompt : ""},
-                  {"seed", job.seed},
-                  {"steps", job.steps},
-                  {"guidance", job.guidance},
-                  {"height", job.height},
-                  {"width", job.width},
-                  {"frames", job.frames},
-                  {"scheduler", s.to_json()},
-                  {"dtypes", dtypes},
-                  {"format", job.format},
-                  {"fps", job.fps},
-                  {"crf", job.crf},
-                  {"preset", job.preset},
-                  {"output", job.output},
-                  {"model", model.dir}};
+std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const std::string& model_identity,
+                            const std::string& dtypes) {
+  json fields = json::parse(job_output_fields_json(job, model));
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(job.output, ec);
+  if (!ec) fields["output"] = std::filesystem::weakly_canonical(abs, ec).lexically_normal().string();
+  if (ec) fields["output"] = std::filesystem::path(job.output).lexically_normal().string();
+  const json j = {{"fingerprint_version", 2}, {"job", fields}, {"dtypes", dtypes}, {"model", model_identity}};
   const std::string text = j.dump();
   return sha256_hex(text.data(), text.size()).substr(0, 16);
 }
@@ -46,6 +37,7 @@ std::string result_line(const JobResult& r) {
             {"error", r.error},
             {"rank", r.rank},
             {"output", r.output},
+            {"output_bytes", r.output_bytes},
             {"fingerprint", r.fingerprint},
             {"frames_sha256", r.frames_sha256},
             {"frames", r.frames},
@@ -71,6 +63,7 @@ JobResult result_from_line(const std::string& line) {
     r.error = j.at("error");
     r.rank = j.at("rank");
     r.output = j.at("output");
+    r.output_bytes = j.value("output_bytes", std::int64_t{-1});  // absent in lines of earlier versions
     r.fingerprint = j.at("fingerprint");
     r.frames_sha256 = j.at("frames_sha256");
     r.frames = j.at("frames");
@@ -89,7 +82,7 @@ JobResult result_from_line(const std::string& line) {
     r.parameters_json = j.at("parameters").dump();
     return r;
   } catch (const json::exception& e) {
-    throw Error(str("not a job result line: ", e.what()));
+    throw Error(str("not a job result line: ", e.what()), ErrorKind::kInternal);
   }
 }
 
@@ -106,7 +99,8 @@ std::map<std::string, PastResult> read_results(const std::string& path) {
     pos = nl + 1;
     try {
       const json j = json::parse(line);
-      out[j.at("id").get<std::string>()] = {j.at("status"), j.at("fingerprint"), j.at("output")};
+      out[j.at("id").get<std::string>()] = {j.at("status"), j.at("fingerprint"), j.at("output"),
+                                            j.value("output_bytes", std::int64_t{-1})};
     } catch (const json::exception&) {
       // Not a record (hand-edited, foreign): skipped; the job is redone.
     }
@@ -116,12 +110,12 @@ std::map<std::string, PastResult> read_results(const std::string& path) {
 
 ResultsLog::ResultsLog(const std::string& path) : path_(resolve_output_path(path)) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  DLO_CHECK(fd_ >= 0, "cannot open '", path_, "' for appending: ", std::strerror(errno));
+  DLO_CHECK_IO(fd_ >= 0, "cannot open '", path_, "' for appending: ", std::strerror(errno));
   // A line cut by a crash ends here, so that it cannot swallow the next record.
   struct stat st;
   char last = '\n';
   if (::fstat(fd_, &st) == 0 && st.st_size > 0 && ::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n')
-    DLO_CHECK(::write(fd_, "\n", 1) == 1, "appending to '", path_, "': ", std::strerror(errno));
+    DLO_CHECK_IO(::write(fd_, "\n", 1) == 1, "appending to '", path_, "': ", std::strerror(errno));
 }
 
 ResultsLog::~ResultsLog() {
@@ -133,16 +127,16 @@ void ResultsLog::append(const std::string& line) {
   // One write: with O_APPEND the line lands whole after what is there; a short write (disk full)
   // is an error and is cut back, so no partial line stays before the next one.
   struct stat st;
-  DLO_CHECK(::fstat(fd_, &st) == 0, "'", path_, "': ", std::strerror(errno));
+  DLO_CHECK_IO(::fstat(fd_, &st) == 0, "'", path_, "': ", std::strerror(errno));
   const ssize_t n = ::write(fd_, text.data(), text.size());
   if (n != static_cast<ssize_t>(text.size())) {
     const int e = errno;
     if (::ftruncate(fd_, st.st_size) != 0) {
       // Nothing more to do: the reader skips a cut last line.
     }
-    DLO_CHECK(false, "appending to '", path_, "': ", n < 0 ? std::strerror(e) : "short write (disk full?)");
+    DLO_CHECK_IO(false, "appending to '", path_, "': ", n < 0 ? std::strerror(e) : "short write (disk full?)");
   }
-  DLO_CHECK(::fdatasync(fd_) == 0 || errno == EINVAL, "syncing '", path_, "': ", std::strerror(errno));
+  DLO_CHECK_IO(::fdatasync(fd_) == 0 || errno == EINVAL, "syncing '", path_, "': ", std::strerror(errno));
 }
 
 }  // namespace dlo

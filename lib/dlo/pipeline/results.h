@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dlo/pipeline/job.h"
+#include "dlo/config/job.h"
 
 namespace dlo {
 
@@ -22,6 +22,7 @@ struct JobResult {
   std::string error;
   int rank = 0;
   std::string output;
+  std::int64_t output_bytes = -1;  // the output's size when written (a folder: its files'); -1: unknown
   std::string fingerprint;    // job_fingerprint()
   std::string frames_sha256;  // of the uint8 frames, in order
   std::int64_t frames = 0, height = 0, width = 0;
@@ -31,11 +32,15 @@ struct JobResult {
   std::string parameters_json;  // job_parameters_json()
 };
 
-// The fingerprint of everything that decides a job's output bytes (prompt, negative prompt when
-// guided, seed, steps, guidance, size, frames, the resolved scheduler and flow shift, dtypes,
-// format, fps, crf, preset, output path, model folder): 16 hex digits of a sha256. A job whose
-// fingerprint changed renders a different video.
-std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const std::string& dtypes);
+// The fingerprint of everything that decides a job's output bytes: 16 hex digits of a sha256 over
+// the fields the job table marks as deciding the frames or the video file (with their effective
+// values: the folder's scheduler and shift where the job sets none, no negative prompt without
+// guidance), the output as an absolute, normalised path (so "out/a.mp4" from one folder and the
+// same file named from another agree), the compute dtypes, and `model_identity`
+// (model_identity(): what the model folder holds, not where it is). A job whose fingerprint changed
+// renders a different video.
+std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const std::string& model_identity,
+                            const std::string& dtypes);
 
 // One line of results.jsonl for `result` (no newline), and back. result_from_line throws
 // dlo::Error for a line that is not such a record.
@@ -45,6 +50,7 @@ JobResult result_from_line(const std::string& line);
 // What an earlier run recorded for each job id: the last line's status, fingerprint and output.
 struct PastResult {
   std::string status, fingerprint, output;
+  std::int64_t output_bytes = -1;  // -1: not recorded (lines of earlier versions)
 };
 // Reads `path` (absent: empty). Lines that do not parse (a cut last line) are skipped. Throws
 // dlo::Error naming the file for an unreadable one.

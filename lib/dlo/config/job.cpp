@@ -1,0 +1,476 @@
+#include "dlo/config/job.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "dlo/common/error.h"
+#include "dlo/common/text.h"
+
+namespace dlo {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// "12.5" not "12.500000"; integers without a fraction.
+std::string number(double v) {
+  std::ostringstream os;
+  os.precision(10);
+  os << v;
+  return os.str();
+}
+
+constexpr std::int64_t kMaxSteps = 10000;
+constexpr std::int64_t kMaxPixels = 65536;  // per side; the model's RoPE bounds it further
+constexpr std::int64_t kMaxFrames = 65537;
+
+// ---- value accessors for the rows
+template <typename T>
+const T* as(const JobFieldValue& v) {
+  return std::get_if<T>(&v);
+}
+
+std::function<std::string(const JobFieldValue&)> int_check(std::function<std::string(std::int64_t)> f) {
+  return [f](const JobFieldValue& v) { return as<std::int64_t>(v) ? f(*as<std::int64_t>(v)) : "must be an integer"; };
+}
+std::function<std::string(const JobFieldValue&)> number_check(std::function<std::string(double)> f) {
+  return [f](const JobFieldValue& v) { return as<double>(v) ? f(*as<double>(v)) : "must be a number"; };
+}
+std::function<std::string(const JobFieldValue&)> text_check(std::function<std::string(const std::string&)> f) {
+  return [f](const JobFieldValue& v) { return as<std::string>(v) ? f(*as<std::string>(v)) : "must be a string"; };
+}
+
+std::string positive_size(std::int64_t v, std::int64_t max) {
+  if (v < 1) return str("must be positive, got ", v);
+  if (v > max) return str("must be at most ", max, ", got ", v);
+  return "";
+}
+
+// Text fields: valid UTF-8 without NUL bytes (a NUL would cut the metadata and the messages).
+std::string text_problem(const std::string& s) {
+  if (s.find('\0') != std::string::npos) return "holds a NUL byte";
+  std::size_t bad = 0;
+  if (!valid_utf8(s, &bad)) return str("is not valid UTF-8 (byte ", bad, ")");
+  return "";
+}
+
+std::vector<JobField> make_table() {
+  constexpr unsigned kAll = kFromJob | kFromDefaults | kFromBatchFlag | kFromPromptFlag;
+  std::vector<JobField> t;
+  auto add = [&](JobField f) { t.push_back(std::move(f)); };
+  // Text members.
+  auto text = [](std::string JobSpec::*m) {
+    return std::make_pair(
+        std::function<std::optional<JobFieldValue>(const JobSpec&)>(
+            [m](const JobSpec& j) { return std::optional<JobFieldValue>(j.*m); }),
+        std::function<void(JobSpec&, const JobFieldValue&)>(
+            [m](JobSpec& j, const JobFieldValue& v) { j.*m = std::get<std::string>(v); }));
+  };
+  auto integer = [](std::int64_t JobSpec::*m) {
+    return std::make_pair(
+        std::function<std::optional<JobFieldValue>(const JobSpec&)>(
+            [m](const JobSpec& j) { return std::optional<JobFieldValue>(j.*m); }),
+        std::function<void(JobSpec&, const JobFieldValue&)>(
+            [m](JobSpec& j, const JobFieldValue& v) { j.*m = std::get<std::int64_t>(v); }));
+  };
+
+  {
+    auto [get, set] = text(&JobSpec::id);
+    add({"id", "", JobFieldType::kText, JobFieldEffect::kNone, kFromJob, true,
+         "the job's name: its output's and its results.jsonl line's", "`job-NNNN` (below)",
+         "1..128 of `A-Z a-z 0-9 . _ -`, not starting with `.` or `-`; unique", {}, false, get, set,
+         text_check([](const std::string& s) -> std::string {
+           if (!is_safe_job_id(s))
+             return str("'", s, "' is not a safe file name: use 1..128 of A-Z a-z 0-9 . _ -, not starting with '.' or '-'");
+           return "";
+         }),
+         {}});
+  }
+  {
+    auto [get, set] = text(&JobSpec::prompt);
+    add({"prompt", "prompt", JobFieldType::kText, JobFieldEffect::kFrames, kFromJob | kFromPromptFlag, true,
+         "what to render", "required (`\"\"` is a valid, empty prompt, as in diffusers)", "valid UTF-8", {}, false, get,
+         set, text_check(text_problem), {}});
+  }
+  {
+    auto [get, set] = text(&JobSpec::negative_prompt);
+    add({"negative_prompt", "negative-prompt", JobFieldType::kText, JobFieldEffect::kFrames, kAll, true,
+         "what to steer away from (with guidance > 1)", "`\"\"` (used only when guidance > 1)", "valid UTF-8", {},
+         false, get, set, text_check(text_problem),
+         [](const JobSpec& j, const ModelInfo&) { return std::optional<JobFieldValue>(j.guided() ? j.negative_prompt : ""); }});
+  }
+  add({"seed", "seed", JobFieldType::kSeed, JobFieldEffect::kFrames, kAll, true,
+       "seed of the initial noise (torch.Generator(\"cpu\").manual_seed)",
+       "from the id (below); one prompt: random, printed and recorded", "", {}, false,
+       [](const JobSpec& j) { return std::optional<JobFieldValue>(j.seed); },
+       [](JobSpec& j, const JobFieldValue& v) { j.seed = std::get<std::uint64_t>(v); },
+       [](const JobFieldValue& v) -> std::string { return as<std::uint64_t>(v) ? "" : "must be an integer"; }, {}});
+  {
+    auto [get, set] = integer(&JobSpec::steps);
+    add({"steps", "steps", JobFieldType::kInteger, JobFieldEffect::kFrames, kAll, true, "denoising steps", "50",
+         str("1..", kMaxSteps), {}, false, get, set, int_check([](std::int64_t v) -> std::string {
+           if (v < 1) return str("must be >= 1, got ", v);
+           if (v > kMaxSteps) return str("must be at most ", kMaxSteps, ", got ", v);
+           return "";
+         }),
+         {}});
+  }
+  add({"guidance", "guidance", JobFieldType::kNumber, JobFieldEffect::kFrames, kAll, true,
+       "classifier-free guidance scale (<= 1: off, no negative prompt)", "5.0 (<= 1: no classifier-free guidance)",
+       "finite", {}, false, [](const JobSpec& j) { return std::optional<JobFieldValue>(j.guidance); },
+       [](JobSpec& j, const JobFieldValue& v) { j.guidance = std::get<double>(v); },
+       number_check([](double v) -> std::string { return std::isfinite(v) ? "" : "must be a finite number"; }), {}});
+  for (const char* side : {"height", "width"}) {
+    auto [get, set] = integer(side[0] == 'h' ? &JobSpec::height : &JobSpec::width);
+    add({side, side, JobFieldType::kInteger, JobFieldEffect::kFrames, kAll, true,
+         str("pixels, a multiple of the model's (16 for Wan2.1)"), side[0] == 'h' ? "480" : "832",
+         str("1..", kMaxPixels, "; a multiple of the model's (16 for Wan2.1); within the transformer's RoPE"), {}, false,
+         get, set, int_check([](std::int64_t v) { return positive_size(v, kMaxPixels); }), {}});
+  }
+  {
+    auto [get, set] = integer(&JobSpec::frames);
+    add({"frames", "frames", JobFieldType::kInteger, JobFieldEffect::kFrames, kAll, true, "frames, 4k+1 for Wan2.1",
+         "81", str("1..", kMaxFrames, "; of the form 4k+1 for Wan2.1"), {}, false, get, set,
+         int_check([](std::int64_t v) { return positive_size(v, kMaxFrames); }), {}});
+  }
+  {
+    auto [get, set] = integer(&JobSpec::fps);
+    add({"fps", "fps", JobFieldType::kInteger, JobFieldEffect::kVideo, kAll, true, "frames per second of the video",
+         "16", "1..240", {}, false, get, set, int_check([](std::int64_t v) -> std::string {
+           return v < 1 || v > 240 ? str("must be in 1..240, got ", v) : "";
+         }),
+         {}});
+  }
+  add({"scheduler", "scheduler", JobFieldType::kText, JobFieldEffect::kFrames, kAll, true,
+       "noise scheduler (default: the model folder's)", "the model folder's", "", {"unipc", "euler"}, false,
+       [](const JobSpec& j) {
+         return j.scheduler ? std::optional<JobFieldValue>(std::string(noise_scheduler_name(*j.scheduler))) : std::nullopt;
+       },
+       [](JobSpec& j, const JobFieldValue& v) { j.scheduler = parse_noise_scheduler_kind(std::get<std::string>(v)); },
+       text_check([](const std::string& s) -> std::string {
+         return s == "unipc" || s == "euler" ? "" : str("unknown noise scheduler '", s, "' (unipc, euler)");
+       }),
+       [](const JobSpec& j, const ModelInfo& m) {
+         return std::optional<JobFieldValue>(std::string(noise_scheduler_name(job_scheduler_config(j, m).kind)));
+       }});
+  add({"flow_shift", "flow-shift", JobFieldType::kNumber, JobFieldEffect::kFrames, kAll, true,
+       "flow shift (default: the model folder's; Wan suggests 3 for 480p, 5 for 720p)", "the model folder's",
+       "finite, > 0", {}, false,
+       [](const JobSpec& j) { return j.flow_shift ? std::optional<JobFieldValue>(*j.flow_shift) : std::nullopt; },
+       [](JobSpec& j, const JobFieldValue& v) { j.flow_shift = std::get<double>(v); },
+       number_check([](double v) -> std::string {
+         if (!std::isfinite(v)) return "must be a finite number";
+         return v > 0 ? "" : str("must be a positive number, got ", number(v));
+       }),
+       [](const JobSpec& j, const ModelInfo& m) { return std::optional<JobFieldValue>(job_scheduler_config(j, m).flow_shift); }});
+  {
+    auto [get, set] = text(&JobSpec::format);
+    add({"format", "format", JobFieldType::kText, JobFieldEffect::kVideo, kAll, false,
+         "output format (mp4: H.264; png: a folder of numbered PNGs; ffv1: lossless MKV)", "`mp4` (the build's first)",
+         "one of the build's formats", {}, true, get,
+         set, {}, {}});
+  }
+  {
+    auto [get, set] = integer(&JobSpec::crf);
+    add({"crf", "crf", JobFieldType::kInteger, JobFieldEffect::kVideo, kAll, false,
+         "H.264 quality, 0 (lossless) .. 51", "25", "0..51 (mp4)", {}, false, get, set,
+         int_check([](std::int64_t v) -> std::string { return v < 0 || v > 51 ? str("must be in 0..51 (libx264), got ", v) : ""; }),
+         {}});
+  }
+  {
+    auto [get, set] = text(&JobSpec::preset);
+    add({"preset", "preset", JobFieldType::kText, JobFieldEffect::kVideo, kAll, false,
+         "libx264 preset (ultrafast .. veryslow)", "`medium`", "a libx264 preset (mp4)", {}, false, get, set,
+         text_check([](const std::string& s) -> std::string { return s.empty() ? "is empty" : text_problem(s); }), {}});
+  }
+  {
+    auto [get, set] = text(&JobSpec::output);
+    add({"output", "out", JobFieldType::kText, JobFieldEffect::kVideo, kFromJob | kFromPromptFlag, false,
+         "the video file, or the folder of a png job", "`<id>.mp4` (mp4), `<id>.mkv` (ffv1), a folder `<id>` (png)",
+         "unique; its folder can be created", {}, false, get, set,
+         text_check([](const std::string& s) -> std::string { return s.empty() ? "is empty" : text_problem(s); }), {}});
+  }
+  {
+    auto [get, set] = text(&JobSpec::save_latents);
+    add({"save_latents", "save-latents", JobFieldType::kText, JobFieldEffect::kNone, kFromPromptFlag, false,
+         "keep the final latents before decoding (FILE.safetensors)", "none", "", {}, false, get, set,
+         text_check(text_problem), {}});
+  }
+  return t;
+}
+
+json to_json_value(const JobFieldValue& v) {
+  return std::visit([](const auto& x) { return json(x); }, v);
+}
+
+}  // namespace
+
+const char* dlo_version() {
+#ifdef DLO_VERSION
+  return DLO_VERSION;
+#else
+  return "unknown";
+#endif
+}
+
+bool is_safe_job_id(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id[0] == '.' || id[0] == '-') return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+  });
+}
+
+const std::vector<JobField>& job_fields() {
+  static const std::vector<JobField> table = make_table();
+  return table;
+}
+
+const JobField* find_job_field(const std::string& key) {
+  for (const auto& f : job_fields())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+std::string choice_list(const std::vector<std::string>& names) {
+  std::string s;
+  for (std::size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+
+std::string job_field_text(const JobFieldValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* u = std::get_if<std::uint64_t>(&v)) return std::to_string(*u);
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return std::to_string(*i);
+  return number(std::get<double>(v));
+}
+
+std::string check_job_field(const JobField& f, const JobFieldValue& v, const OutputFormatNames& formats) {
+  if (f.app_choices) {
+    const auto* s = std::get_if<std::string>(&v);
+    if (!s) return "must be a string";
+    std::vector<std::string> names;
+    for (const auto& fmt : formats) names.push_back(fmt.name);
+    if (std::find(names.begin(), names.end(), *s) == names.end()) {
+      if (std::string p = text_problem(*s); !p.empty()) return p;
+      return str("'", *s, "' is not ", choice_list(names));
+    }
+    return "";
+  }
+  return f.check ? f.check(v) : "";
+}
+
+std::optional<JobFieldValue> parse_job_field(const JobField& f, const std::string& text,
+                                             const OutputFormatNames& formats, std::string* problem) {
+  const auto bad = [&](std::string msg) {
+    *problem = std::move(msg);
+    return std::optional<JobFieldValue>{};
+  };
+  JobFieldValue v;
+  std::string t = text;
+  const bool negative = !t.empty() && t[0] == '-';
+  if (!t.empty() && t[0] == '+') t.erase(0, 1);
+  switch (f.type) {
+    case JobFieldType::kText:
+      v = text;
+      break;
+    case JobFieldType::kNumber: {
+      static const std::set<std::string> nonfinite = {".inf", ".Inf", ".INF", "+.inf", "-.inf", "-.Inf", "-.INF",
+                                                      ".nan", ".NaN", ".NAN", "inf", "-inf", "nan", "infinity"};
+      if (nonfinite.count(text)) return bad(str("must be a finite number, got '", text, "'"));
+      const bool digits = !t.empty() && t.find_first_not_of("0123456789.eE+-") == std::string::npos &&
+                          t.find_first_of("0123456789") != std::string::npos;
+      char* end = nullptr;
+      const double d = digits ? std::strtod(t.c_str(), &end) : 0.0;
+      if (!digits || end != t.c_str() + t.size()) return bad(str("must be a number, got '", text, "'"));
+      v = d;
+      break;
+    }
+    case JobFieldType::kInteger:
+    case JobFieldType::kSeed: {
+      const std::string body = negative ? t.substr(1) : t;
+      const bool digits = !body.empty() && body.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits) return bad(str("must be an integer, got '", text, "'"));
+      if (f.type == JobFieldType::kSeed) {
+        if (negative) return bad(str("must be >= 0 (a seed is 0 .. 18446744073709551615), got ", text));
+        std::uint64_t u = 0;
+        const auto r = std::from_chars(body.data(), body.data() + body.size(), u);
+        if (r.ec != std::errc()) return bad(str("out of range (a seed is 0 .. 18446744073709551615), got ", text));
+        v = u;
+      } else {
+        std::int64_t i = 0;
+        const auto r = std::from_chars(t.data(), t.data() + t.size(), i);
+        if (r.ec != std::errc()) return bad(str("out of range, got ", text));
+        v = i;
+      }
+      break;
+    }
+  }
+  if (std::string p = check_job_field(f, v, formats); !p.empty()) return bad(p);
+  return v;
+}
+
+JobSpec resolve_job(const std::vector<const std::map<std::string, JobFieldValue>*>& layers,
+                    const OutputFormatNames& formats, std::set<std::string>* given) {
+  JobSpec job;
+  for (const auto& f : job_fields())
+    for (const auto* layer : layers) {
+      if (!layer) continue;
+      if (auto it = layer->find(f.key); it != layer->end()) {
+        f.set(job, it->second);
+        if (given) given->insert(f.key);
+        break;
+      }
+    }
+  if (job.format.empty() && !formats.empty()) job.format = formats.front().name;
+  return job;
+}
+
+std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, const OutputFormatNames& formats) {
+  std::vector<FieldError> e;
+  const std::int64_t m = info.spatial_multiple(), tf = info.temporal_factor();
+  const auto& tc = info.transformer;
+  for (const auto& f : job_fields()) {
+    const auto v = f.get(job);
+    if (!v) continue;
+    if (f.key == "id" || f.key == "save_latents") continue;  // checked where they are made
+    if (std::string p = check_job_field(f, *v, formats); !p.empty()) {
+      e.push_back({f.key, p});
+      continue;
+    }
+    // What the model adds.
+    if (f.key == "height" || f.key == "width") {
+      const std::int64_t px = std::get<std::int64_t>(*v);
+      if (px % m != 0) {
+        e.push_back({f.key, str(px, " is not a multiple of ", m, " (the VAE's spatial factor ", info.vae.scale_factor_spatial,
+                                " x the transformer's patch ", tc.patch_size[1], "); e.g. ",
+                                std::max<std::int64_t>(m, px / m * m))});
+        continue;
+      }
+      const std::int64_t patches = px / m;
+      if (patches > tc.rope_max_seq_len)
+        e.push_back({f.key, str(px, " makes ", patches, " latent patches across, more than the transformer's RoPE covers "
+                                "(rope_max_seq_len ", tc.rope_max_seq_len, "): at most ", tc.rope_max_seq_len * m)});
+    } else if (f.key == "frames") {
+      const std::int64_t n = job.frames;
+      if ((n - 1) % tf != 0) {
+        e.push_back({"frames", str(n, " is not of the form ", tf, "k+1 (e.g. ",
+                                   std::max<std::int64_t>(1, (n - 1) / tf * tf + 1), "; Wan's default is 81)")});
+        continue;
+      }
+      const std::int64_t latent = (n - 1) / tf + 1, patches = latent / tc.patch_size[0];
+      if (patches > tc.rope_max_seq_len)
+        e.push_back({"frames", str(n, " frames make ", patches, " latent patches in time, more than the transformer's RoPE "
+                                   "covers (rope_max_seq_len ", tc.rope_max_seq_len, ")")});
+    }
+  }
+  return e;
+}
+
+NoiseSchedulerConfig job_scheduler_config(const JobSpec& job, const ModelInfo& info) {
+  return info.scheduler.with_overrides(job.scheduler, job.flow_shift);
+}
+
+namespace {
+
+std::optional<JobFieldValue> effective_value(const JobField& f, const JobSpec& job, const ModelInfo& info) {
+  return f.effective ? f.effective(job, info) : f.get(job);
+}
+
+}  // namespace
+
+std::string job_parameters_json(const JobSpec& job, const ModelInfo& info) {
+  json j = json::object();
+  for (const auto& f : job_fields())
+    if (f.in_parameters)
+      if (auto v = effective_value(f, job, info)) j[f.key] = to_json_value(*v);
+  j["model"] = info.dir;
+  j["dlo_version"] = dlo_version();
+  return j.dump();
+}
+
+std::string job_output_fields_json(const JobSpec& job, const ModelInfo& info) {
+  json j = json::object();
+  for (const auto& f : job_fields()) {
+    if (f.effect == JobFieldEffect::kNone) continue;
+    const auto v = effective_value(f, job, info);
+    j[f.key] = v ? to_json_value(*v) : json(nullptr);
+  }
+  return j.dump();
+}
+
+std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
+  const NoiseSchedulerConfig s = job_scheduler_config(job, info);
+  return str("prompt: ", job.prompt, "; negative prompt: ", job.guided() ? job.negative_prompt : "(none: no guidance)",
+             "; seed ", job.seed, "; ", job.steps, " steps; guidance ", number(job.guidance), "; scheduler ",
+             noise_scheduler_name(s.kind), " (flow shift ", number(s.flow_shift), "); ", job.width, "x", job.height,
+             ", ", job.frames, " frames at ", job.fps, " fps; model ", info.dir, "; dlo ", dlo_version());
+}
+
+std::string jobs_to_json(const std::vector<JobSpec>& jobs) {
+  json arr = json::array();
+  for (const auto& job : jobs) {
+    json o = json::object();
+    for (const auto& f : job_fields()) {
+      const auto v = f.get(job);
+      o[f.key] = v ? to_json_value(*v) : json(nullptr);
+    }
+    arr.push_back(std::move(o));
+  }
+  return arr.dump();
+}
+
+std::vector<JobSpec> jobs_from_json(const std::string& text) {
+  try {
+    std::vector<JobSpec> jobs;
+    for (const auto& o : json::parse(text)) {
+      JobSpec job;
+      for (const auto& f : job_fields()) {
+        const json& v = o.at(f.key);
+        if (v.is_null()) continue;
+        switch (f.type) {
+          case JobFieldType::kText: f.set(job, v.get<std::string>()); break;
+          case JobFieldType::kSeed: f.set(job, v.get<std::uint64_t>()); break;
+          case JobFieldType::kInteger: f.set(job, v.get<std::int64_t>()); break;
+          case JobFieldType::kNumber: f.set(job, v.get<double>()); break;
+        }
+      }
+      jobs.push_back(std::move(job));
+    }
+    return jobs;
+  } catch (const json::exception& e) {
+    throw Error(str("a job list that is not valid JSON: ", e.what()), ErrorKind::kInternal);
+  }
+}
+
+std::string job_fields_markdown() {
+  std::string out = "| key | type | built-in default | flag | checked | decides |\n|---|---|---|---|---|---|\n";
+  for (const auto& f : job_fields()) {
+    if (!f.from(kFromJob) && !f.from(kFromDefaults)) continue;  // not a manifest key
+    std::string type;
+    switch (f.type) {
+      case JobFieldType::kText: type = "string"; break;
+      case JobFieldType::kSeed: type = "integer 0 .. 2^64-1"; break;
+      case JobFieldType::kInteger: type = "integer"; break;
+      case JobFieldType::kNumber: type = "number"; break;
+    }
+    if (!f.choices.empty()) {
+      type.clear();
+      for (const auto& c : f.choices) type += (type.empty() ? "`" : " \\| `") + c + "`";
+    }
+    if (f.app_choices) type = "`mp4` \\| `png` \\| `ffv1` (dlo-generate-bare: `safetensors`)";
+    std::string flag;
+    if (f.from(kFromBatchFlag)) flag = "`--" + f.flag + "`";
+    else if (f.from(kFromPromptFlag)) flag = "`--" + f.flag + "` (one prompt)";
+    std::string where = f.from(kFromDefaults) ? "" : " (per job: not in `defaults`)";
+    const char* decides = f.effect == JobFieldEffect::kFrames ? "frames" : f.effect == JobFieldEffect::kVideo ? "video file" : "-";
+    out += str("| `", f.key, "` | ", type, " | ", f.default_text, where, " | ", flag, " | ", f.checked_text, " | ", decides,
+               " |\n");
+  }
+  return out;
+}
+
+}  // namespace dlo

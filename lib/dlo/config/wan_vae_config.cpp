@@ -1,0 +1,309 @@
+#include "dlo/config/wan_vae_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "dlo/common/error.h"
+
+namespace dlo {
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+namespace {
+
+// diffusers' AutoencoderKLWan defaults (the Wan2.1 VAE's statistics).
+const std::vector<double> kLatentsMean = {-0.7571, -0.7089, -0.9113, 0.1075,  -0.1745, 0.9653,  -0.1517, 1.5508,
+                                          0.4134,  -0.0715, 0.5517,  -0.3632, -0.1922, -0.9497, 0.2503,  -0.2921};
+const std::vector<double> kLatentsStd = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                                         3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
+
+const std::set<std::string> kKnownFields = {
+    "base_dim",    "decoder_base_dim", "z_dim",       "dim_mult",     "num_res_blocks",
+    "attn_scales", "temperal_downsample", "dropout",  "latents_mean", "latents_std",
+    "is_residual", "in_channels",      "out_channels", "patch_size",  "scale_factor_temporal",
+    "scale_factor_spatial"};
+
+std::vector<bool> get_bool_list(const JsonConfig& j, const std::string& key, const std::vector<bool>& def) {
+  if (!j.has(key)) return def;
+  const auto& v = j.json().at(key);
+  bool ok = v.is_array();
+  if (ok)
+    for (const auto& x : v) ok = ok && x.is_boolean();
+  DLO_CHECK(ok, j.path(), ": field '", key, "' must be a list of true/false, got ", v.dump());
+  std::vector<bool> out;
+  for (const auto& x : v) out.push_back(x.get<bool>());
+  return out;
+}
+
+std::string list_str(const std::vector<std::int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+WanVaeConfig::WanVaeConfig() : latents_mean(kLatentsMean), latents_std(kLatentsStd) {}
+
+std::vector<std::int64_t> WanVaeConfig::decoder_dims() const {
+  const std::int64_t d = decoder_dim();
+  std::vector<std::int64_t> dims{d * dim_mult.back()};
+  for (auto it = dim_mult.rbegin(); it != dim_mult.rend(); ++it) dims.push_back(d * *it);
+  return dims;
+}
+
+std::vector<bool> WanVaeConfig::temperal_upsample() const {
+  return std::vector<bool>(temperal_downsample.rbegin(), temperal_downsample.rend());
+}
+
+std::int64_t WanVaeConfig::output_frames(std::int64_t latent_frames) const {
+  std::int64_t per = 1;
+  const auto up = temperal_upsample();
+  for (std::size_t i = 0; i + 1 < dim_mult.size(); ++i)
+    if (up[i]) per *= 2;
+  return 1 + (latent_frames - 1) * per;
+}
+
+WanVaeConfig WanVaeConfig::from_json(const JsonConfig& j) {
+  const std::string& f = j.path();
+  if (j.has("_class_name")) {
+    const std::string cls = j.get_string("_class_name");
+    DLO_CHECK(cls == "AutoencoderKLWan", f, ": _class_name is '", cls, "', expected 'AutoencoderKLWan'");
+  }
+  for (const auto& item : j.json().items()) {
+    const std::string& key = item.key();
+    DLO_CHECK(key.rfind('_', 0) == 0 || kKnownFields.count(key), f, ": unknown field '", key,
+              "' (not an AutoencoderKLWan argument of diffusers 0.42)");
+  }
+  DLO_CHECK(!j.get_bool("is_residual", false), f,
+            ": field 'is_residual' is true (the Wan2.2 VAE); only the Wan2.1 VAE is supported");
+  DLO_CHECK(!j.has("patch_size"), f, ": field 'patch_size' is ", j.dump("patch_size"),
+            " (the Wan2.2 VAE); only the Wan2.1 VAE (patch_size null) is supported");
+  WanVaeConfig c;
+  c.base_dim = j.get_int("base_dim", c.base_dim);
+  if (j.has("decoder_base_dim")) c.decoder_base_dim = j.get_int("decoder_base_dim");
+  c.z_dim = j.get_int("z_dim", c.z_dim);
+  c.dim_mult = j.get_int_list("dim_mult", c.dim_mult);
+  c.num_res_blocks = j.get_int("num_res_blocks", c.num_res_blocks);
+  c.attn_scales = j.get_double_list("attn_scales", c.attn_scales);
+  c.temperal_downsample = get_bool_list(j, "temperal_downsample", c.temperal_downsample);
+  c.dropout = j.get_double("dropout", c.dropout);
+  c.latents_mean = j.get_double_list("latents_mean", c.latents_mean);
+  c.latents_std = j.get_double_list("latents_std", c.latents_std);
+  c.in_channels = j.get_int("in_channels", c.in_channels);
+  c.out_channels = j.get_int("out_channels", c.out_channels);
+  // null means "not given" to the pipeline (it then falls back to 4 and 8); check what is given.
+  if (j.has("scale_factor_temporal")) c.scale_factor_temporal = j.get_int("scale_factor_temporal");
+  if (j.has("scale_factor_spatial")) c.scale_factor_spatial = j.get_int("scale_factor_spatial");
+  {
+    // The weights' structure decides the temporal factor (temperal_downsample), as diffusers
+    // decodes: a missing factor is derived, a disagreeing one is followed with a warning.
+    std::int64_t t = 1, s = 1;
+    for (std::size_t i = 0; i + 1 < c.dim_mult.size() && i < c.temperal_downsample.size(); ++i) {
+      s *= 2;
+      if (c.temperal_downsample[i]) t *= 2;
+    }
+    if (j.has("scale_factor_temporal") && c.scale_factor_temporal != t) {
+      std::string td = "[";
+      for (std::size_t i = 0; i < c.temperal_downsample.size(); ++i)
+        td += std::string(i ? ", " : "") + (c.temperal_downsample[i] ? "true" : "false");
+      c.warnings.push_back(str(f, ": field 'scale_factor_temporal' is ", c.scale_factor_temporal,
+                               ", but temperal_downsample ", td, "] gives ", t,
+                               "; decoding follows temperal_downsample (as the weights do)"));
+    }
+    c.scale_factor_temporal = t;
+    // A disagreeing scale_factor_spatial stays refused by validate(): the pipeline sizes the
+    // latents by it, so it would render at the wrong size.
+    if (!j.has("scale_factor_spatial")) c.scale_factor_spatial = s;
+  }
+  c.validate(f);
+  return c;
+}
+
+void WanVaeConfig::validate(const std::string& where) const {
+  auto positive = [&](std::int64_t v, const char* name) {
+    DLO_CHECK(v > 0 && v < (1ll << 24), where, ": field '", name, "' must be a positive integer, got ", v);
+  };
+  positive(base_dim, "base_dim");
+  if (decoder_base_dim) positive(*decoder_base_dim, "decoder_base_dim");
+  positive(z_dim, "z_dim");
+  positive(num_res_blocks, "num_res_blocks");
+  positive(in_channels, "in_channels");
+  positive(out_channels, "out_channels");
+  DLO_CHECK(!dim_mult.empty() && dim_mult.size() <= 8, where, ": field 'dim_mult' must have 1 to 8 entries, got ",
+            list_str(dim_mult));
+  for (auto m : dim_mult)
+    DLO_CHECK(m > 0 && m < (1 << 10), where, ": field 'dim_mult' must hold positive integers, got ",
+              list_str(dim_mult));
+  DLO_CHECK(temperal_downsample.size() == dim_mult.size() - 1, where, ": field 'temperal_downsample' has ",
+            temperal_downsample.size(), " entries; dim_mult ", list_str(dim_mult), " needs ", dim_mult.size() - 1);
+  DLO_CHECK(std::isfinite(dropout) && dropout >= 0 && dropout < 1, where, ": field 'dropout' must be in [0, 1), got ",
+            dropout);
+  DLO_CHECK(static_cast<std::int64_t>(latents_mean.size()) == z_dim, where, ": field 'latents_mean' has ",
+            latents_mean.size(), " entries, z_dim is ", z_dim);
+  DLO_CHECK(static_cast<std::int64_t>(latents_std.size()) == z_dim, where, ": field 'latents_std' has ",
+            latents_std.size(), " entries, z_dim is ", z_dim);
+  for (double m : latents_mean)
+    DLO_CHECK(std::isfinite(m), where, ": field 'latents_mean' must hold finite numbers, got ", m);
+  for (double s : latents_std)
+    DLO_CHECK(std::isfinite(s) && s > 0, where, ": field 'latents_std' must hold positive numbers, got ", s);
+  // Every upsampler halves the channels (dim // 2): there must be some left.
+  const auto dims = decoder_dims();
+  for (std::size_t i = 0; i + 1 < dim_mult.size(); ++i)
+    DLO_CHECK(dims[i + 1] >= 2, where, ": decoder up block ", i, " has ", dims[i + 1],
+              " channels; its upsampler's dim // 2 would be 0 (fields 'decoder_base_dim'/'base_dim', 'dim_mult')");
+  std::int64_t t = 1, s = 1;
+  for (std::size_t i = 0; i + 1 < dim_mult.size(); ++i) {
+    s *= 2;
+    if (temperal_downsample[i]) t *= 2;
+  }
+  DLO_CHECK(scale_factor_temporal == t, where, ": field 'scale_factor_temporal' is ", scale_factor_temporal,
+            ", but temperal_downsample gives ", t);
+  DLO_CHECK(scale_factor_spatial == s, where, ": field 'scale_factor_spatial' is ", scale_factor_spatial,
+            ", but dim_mult (", dim_mult.size() - 1, " spatial up/downsamplings) gives ", s);
+}
+
+WanVaeConfig WanVaeConfig::preset(const std::string& name) {
+  WanVaeConfig c;
+  if (name == "wan-vae-test") {
+    c.base_dim = 3;
+    c.dim_mult = {1, 1, 1, 1};
+    c.num_res_blocks = 1;
+  } else if (name == "wan2.1-vae-small") {
+    c.base_dim = 16;
+  } else if (name == "wan2.1-vae") {
+    // the defaults
+  } else {
+    DLO_CHECK(false, "unknown VAE preset '", name, "' (wan-vae-test, wan2.1-vae-small, wan2.1-vae)");
+  }
+  return c;
+}
+
+std::vector<std::string> WanVaeConfig::preset_names() { return {"wan-vae-test", "wan2.1-vae-small", "wan2.1-vae"}; }
+
+std::string WanVaeConfig::to_json() const {
+  nlohmann::ordered_json j;
+  j["_class_name"] = "AutoencoderKLWan";
+  j["_diffusers_version"] = "0.42.1";
+  j["attn_scales"] = attn_scales;
+  j["base_dim"] = base_dim;
+  if (decoder_base_dim)
+    j["decoder_base_dim"] = *decoder_base_dim;
+  else
+    j["decoder_base_dim"] = nullptr;
+  j["dim_mult"] = dim_mult;
+  j["dropout"] = dropout;
+  j["in_channels"] = in_channels;
+  j["is_residual"] = false;
+  j["latents_mean"] = latents_mean;
+  j["latents_std"] = latents_std;
+  j["num_res_blocks"] = num_res_blocks;
+  j["out_channels"] = out_channels;
+  j["patch_size"] = nullptr;
+  j["scale_factor_spatial"] = scale_factor_spatial;
+  j["scale_factor_temporal"] = scale_factor_temporal;
+  j["temperal_downsample"] = temperal_downsample;
+  j["z_dim"] = z_dim;
+  return j.dump(2) + "\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor names and shapes (diffusers' module tree, in registration order)
+
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+using Shapes = std::vector<std::pair<std::string, Shape>>;
+
+void conv_shapes(Shapes& s, const std::string& p, Shape w) {
+  const std::int64_t out = w[0];
+  s.push_back({p + ".weight", std::move(w)});
+  s.push_back({p + ".bias", {out}});
+}
+void res_shapes(Shapes& s, const std::string& p, std::int64_t in, std::int64_t out) {
+  s.push_back({p + ".norm1.gamma", {in, 1, 1, 1}});
+  conv_shapes(s, p + ".conv1", {out, in, 3, 3, 3});
+  s.push_back({p + ".norm2.gamma", {out, 1, 1, 1}});
+  conv_shapes(s, p + ".conv2", {out, out, 3, 3, 3});
+  if (in != out) conv_shapes(s, p + ".conv_shortcut", {out, in, 1, 1, 1});
+}
+void attn_shapes(Shapes& s, const std::string& p, std::int64_t c) {
+  s.push_back({p + ".norm.gamma", {c, 1, 1}});
+  conv_shapes(s, p + ".to_qkv", {3 * c, c, 1, 1});
+  conv_shapes(s, p + ".proj", {c, c, 1, 1});
+}
+void mid_shapes(Shapes& s, const std::string& p, std::int64_t c) {
+  attn_shapes(s, p + ".attentions.0", c);
+  res_shapes(s, p + ".resnets.0", c, c);
+  res_shapes(s, p + ".resnets.1", c, c);
+}
+
+Shapes vae_shapes(const WanVaeConfig& c, bool include_encoder) {
+  Shapes s;
+  const std::size_t n = c.dim_mult.size();
+  if (include_encoder) {
+    std::vector<std::int64_t> dims{c.base_dim};
+    for (auto m : c.dim_mult) dims.push_back(c.base_dim * m);
+    conv_shapes(s, "encoder.conv_in", {dims[0], c.in_channels, 3, 3, 3});
+    int k = 0;
+    double scale = 1.0;
+    std::int64_t out = dims[0];
+    for (std::size_t i = 0; i < n; ++i) {
+      std::int64_t in = dims[i];
+      out = dims[i + 1];
+      for (std::int64_t r = 0; r < c.num_res_blocks; ++r) {
+        res_shapes(s, "encoder.down_blocks." + std::to_string(k++), in, out);
+        if (std::find(c.attn_scales.begin(), c.attn_scales.end(), scale) != c.attn_scales.end())
+          attn_shapes(s, "encoder.down_blocks." + std::to_string(k++), out);
+        in = out;
+      }
+      if (i + 1 != n) {
+        const std::string p = "encoder.down_blocks." + std::to_string(k++);
+        conv_shapes(s, p + ".resample.1", {out, out, 3, 3});
+        if (c.temperal_downsample[i]) conv_shapes(s, p + ".time_conv", {out, out, 3, 1, 1});
+        scale /= 2.0;
+      }
+    }
+    mid_shapes(s, "encoder.mid_block", out);
+    s.push_back({"encoder.norm_out.gamma", {out, 1, 1, 1}});
+    conv_shapes(s, "encoder.conv_out", {2 * c.z_dim, out, 3, 3, 3});
+    conv_shapes(s, "quant_conv", {2 * c.z_dim, 2 * c.z_dim, 1, 1, 1});
+  }
+  conv_shapes(s, "post_quant_conv", {c.z_dim, c.z_dim, 1, 1, 1});
+  const auto dims = c.decoder_dims();
+  const auto up = c.temperal_upsample();
+  conv_shapes(s, "decoder.conv_in", {dims[0], c.z_dim, 3, 3, 3});
+  mid_shapes(s, "decoder.mid_block", dims[0]);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string p = "decoder.up_blocks." + std::to_string(i);
+    std::int64_t in = i > 0 ? dims[i] / 2 : dims[i];
+    const std::int64_t out = dims[i + 1];
+    for (std::int64_t r = 0; r <= c.num_res_blocks; ++r) {
+      res_shapes(s, p + ".resnets." + std::to_string(r), in, out);
+      in = out;
+    }
+    if (i + 1 != n) {
+      conv_shapes(s, p + ".upsamplers.0.resample.1", {out / 2, out, 3, 3});
+      if (up[i]) conv_shapes(s, p + ".upsamplers.0.time_conv", {2 * out, out, 3, 1, 1});
+    }
+  }
+  s.push_back({"decoder.norm_out.gamma", {dims[n], 1, 1, 1}});
+  conv_shapes(s, "decoder.conv_out", {c.out_channels, dims[n], 3, 3, 3});
+  return s;
+}
+
+}  // namespace
+
+std::vector<TensorSpec> wan_vae_specs(const WanVaeConfig& c, DType dtype, bool include_encoder) {
+  std::vector<TensorSpec> out;
+  for (auto& [name, shape] : vae_shapes(c, include_encoder)) out.push_back({name, dtype, shape});
+  return out;
+}
+
+}  // namespace dlo

@@ -1,0 +1,95 @@
+// The process's place among the ranks: MPI set-up, rank facts and small collectives.
+//
+// Works with or without mpirun/srun (a singleton run is one rank). Only mpi/ and dist/ include
+// <mpi.h> (and media/latents_h5, through parallel HDF5's own header).
+//
+// Every collective here waits a bounded time: it polls non-blocking point-to-point messages on a
+// communicator of its own, and a rank that has not arrived within timeout_s() (a rank stuck while
+// loading, a stopped or vanished process) ends every rank through abort() with a message naming
+// the phase and the ranks that did not arrive, e.g.
+//   "[0/3] fatal: start-up check: rank 2 did not arrive within 600 s (DLO_GATHER_TIMEOUT_S) ..."
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dlo/common/settings.h"
+
+namespace dlo {
+
+class MpiWorld {
+ public:
+  // Initialises MPI with MPI_THREAD_MULTIPLE (the weight-gather thread calls MPI while the main
+  // thread may too) and duplicates MPI_COMM_WORLD for the collectives below. Collective: every
+  // rank constructs it once, first. Throws dlo::Error if MPI cannot give the thread level.
+  MpiWorld(int* argc, char*** argv);
+  // Finalises MPI (collective) if this object initialised it.
+  ~MpiWorld();
+  MpiWorld(const MpiWorld&) = delete;
+  MpiWorld& operator=(const MpiWorld&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Rank among the ranks on this node (MPI_Comm_split_type SHARED) and their count.
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  const std::string& host() const { return host_; }
+  // "[rank/size]" for log lines.
+  std::string tag() const;
+
+  // How long a collective (here, and the weight gathers of make_mpi_collective) waits for the
+  // other ranks before ending them all. Default 600 s; apps set it from DLO_GATHER_TIMEOUT_S
+  // (parse_seconds_setting). Throws dlo::Error unless seconds > 0. Set it on every rank alike,
+  // before the first collective; not thread-safe against collectives in flight.
+  void set_timeout_s(double seconds);
+  double timeout_s() const { return timeout_s_; }
+
+  // Ends every rank now: prints `message` (with the rank tag) to stderr and calls MPI_Abort.
+  // Safe from any thread. Used when a rank cannot continue and the others would otherwise wait
+  // in a collective forever.
+  [[noreturn]] static void abort(const std::string& message, int code = 1);
+  // The same without a message, from a signal handler (async-signal-safe calls only).
+  [[noreturn]] static void abort_from_signal_handler(int code) noexcept;
+
+  // Small collectives (collective: every rank, same order, from one thread at a time). `phase`
+  // names the step in the timeout message ("start-up check", "wave agreement", ...). A rank that
+  // does not arrive within timeout_s() ends every rank (abort()), naming the phase and the ranks.
+  std::vector<std::int64_t> allgather(std::int64_t value, const char* phase = "allgather") const;
+  // Every rank's `values` (the same count on every rank), rank after rank: size() * values.size().
+  std::vector<std::int64_t> allgather(const std::vector<std::int64_t>& values, const char* phase = "allgather") const;
+  // Root gets every rank's string in rank order; the others get {}. Non-roots wait for the root
+  // too (up to twice the timeout, at most 30 s more, so that a live root names the missing rank
+  // first), so a stuck root is noticed by every rank.
+  std::vector<std::string> gather_strings(const std::string& mine, int root = 0,
+                                          const char* phase = "gather") const;
+  std::string broadcast_string(const std::string& value, int root = 0, const char* phase = "broadcast") const;
+  std::int64_t allreduce_max(std::int64_t value, const char* phase = "allreduce") const;
+  std::int64_t allreduce_min(std::int64_t value, const char* phase = "allreduce") const;
+  void barrier(const char* phase = "barrier") const;
+
+  // Collective: a duplicate of the world's communicator for a library that needs an MPI_Comm of its
+  // own (parallel HDF5), as its Fortran handle (MPI_Comm_f2c gives the MPI_Comm). The ranks first
+  // meet in a bounded barrier, so the duplication itself does not wait on a missing rank. Free it
+  // with free_comm().
+  int duplicate_comm(const char* phase = "communicator") const;
+  static void free_comm(int handle) noexcept;
+
+  // Collective: each rank passes its error message ("" if it has none). If any rank has one,
+  // every rank throws the same dlo::Error listing them ("rank 2: ..."), of kind input and marked
+  // on_every_rank(), so a failure found on one rank before a wave ends all of them cleanly (exit 2
+  // everywhere) instead of leaving the others in a collective.
+  void check_all(const std::string& my_error, const char* phase = "start-up check") const;
+
+ private:
+  int next_tag() const;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  std::string host_;
+  bool we_initialised_ = false;
+  int comm_f_ = 0;                // the duplicated communicator (Fortran handle: no <mpi.h> here)
+  bool have_comm_ = false;
+  mutable std::uint64_t seq_ = 0;  // collectives made: every rank counts alike, tags follow it
+  double timeout_s_ = kDefaultGatherTimeoutS;
+};
+
+}  // namespace dlo

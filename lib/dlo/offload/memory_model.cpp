@@ -1,0 +1,242 @@
+#include "dlo/offload/memory_model.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <set>
+
+#include "dlo/common/bytes.h"
+#include "dlo/common/checked.h"
+#include "dlo/common/error.h"
+#include "dlo/models/tensor_view.h"
+#include "dlo/models/wan_transformer.h"
+#include "dlo/offload/stack_plan.h"
+
+namespace dlo {
+namespace {
+
+std::uint64_t safetensors_bytes_in(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  DLO_CHECK(d != nullptr, "cannot read the folder '", dir, "'");
+  std::uint64_t total = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() < 12 || name.compare(name.size() - 12, 12, ".safetensors") != 0) continue;
+    struct stat st;
+    if (::stat((dir + "/" + name).c_str(), &st) == 0) total = sat_add(total, static_cast<std::uint64_t>(st.st_size));
+  }
+  ::closedir(d);
+  return total;
+}
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return sat_mul(sat_add(v, a - 1) / a, a); }
+
+DType packed(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::F32;
+    case at::kBFloat16: return DType::BF16;
+    case at::kHalf: return DType::F16;
+    default: break;
+  }
+  DLO_CHECK(false, "unsupported compute dtype ", c10::toString(t));
+}
+
+bool fits(std::uint64_t need, std::uint64_t budget) { return budget == 0 || with_margin(need) <= budget; }
+
+// Bytes of the stack a strategy keeps on the host per rank, and in device memory.
+struct Kept {
+  std::uint64_t host = 0, device = 0, slots = 0;
+};
+
+Kept kept_by(const StrategyChoice& c, const StackSize& s) {
+  Kept k;
+  const auto n = static_cast<std::int64_t>(s.shard_bytes.size());
+  switch (c.strategy) {
+    case Strategy::kResident:
+      k.device = s.total();
+      break;
+    case Strategy::kDeviceShards:
+      k.device = s.shards_total();
+      k.slots = sat_mul(2, s.slot_bytes);
+      break;
+    case Strategy::kMixed:
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint64_t& where = i < c.device_blocks ? k.device : k.host;
+        where = sat_add(where, s.shard_bytes[static_cast<std::size_t>(i)]);
+      }
+      k.slots = sat_mul(2, s.slot_bytes);
+      break;
+    case Strategy::kDlo:
+      k.host = s.shards_total();
+      k.slots = sat_mul(2, s.slot_bytes);
+      break;
+    case Strategy::kLayerwise:
+      k.host = s.total();
+      k.slots = sat_mul(2, s.slot_bytes);
+      break;
+  }
+  return k;
+}
+
+// What choose_strategy is given as the working memory: on the CPU the host also holds the decode.
+std::uint64_t working_for_choice(const JobMemory& m, const MemoryBudget& b) {
+  return b.device_is_host ? sat_add(m.working, m.decode) : m.working;
+}
+
+}  // namespace
+
+JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype) {
+  JobMemory m;
+  const auto& c = model.transformer;
+  const auto s = model.latent_shape(job.frames, job.height, job.width);
+  m.working = wan_forward_working_bytes(c, s[2], s[3], s[4], /*text tokens, as PromptEncoder pads*/ 512,
+                                        job.guided() ? 2 : 1, packed(dtype));
+  // The decoder's largest stage at full resolution: a few tensors of 4 frames plus the causal
+  // caches (2 frames) of its convolutions, fp32; and the uint8 frames of one chunk.
+  const auto dims = model.vae.decoder_dims();
+  const std::uint64_t top = static_cast<std::uint64_t>(*std::max_element(dims.begin(), dims.end()) / 2);
+  const std::uint64_t pixels = sat_product({job.height, job.width});
+  m.decode = sat_add(sat_mul(sat_mul(top, pixels), 4 * (4 * 4 + 2 * 6)), sat_mul(sat_mul(pixels, 3), 4));
+  return m;
+}
+
+StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype, int ranks) {
+  StackSize s;
+  s.ranks = std::max(1, ranks);
+  const auto n = static_cast<std::uint64_t>(s.ranks);
+  std::uint64_t block = 0;
+  for (const auto& spec : wan_block_specs(c, DType::F32)) {
+    const DType d = packed(wan_weight_dtype(spec.name, dtype));
+    std::uint64_t numel = 1;
+    for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
+    block = sat_add(round_up(block, kTensorAlign), sat_mul(numel, dtype_size(d)));
+  }
+  const std::uint64_t shard = round_up(sat_add(block, n - 1) / n, kShardAlign);
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    s.block_bytes.push_back(block);
+    s.shard_bytes.push_back(shard);
+  }
+  s.slot_bytes = c.num_layers > 0 ? sat_mul(shard, n) : 0;
+  return s;
+}
+
+std::string job_memory_problem(const StrategyChoice& choice, const StackSize& stack, const JobMemory& job,
+                               const MemoryBudget& b) {
+  const Kept k = kept_by(choice, stack);
+  const char* name = strategy_name(choice.strategy);
+  if (b.device_is_host) {
+    const std::uint64_t per_rank = sat_add(job.working, job.decode);
+    if (choice.strategy == Strategy::kResident) {
+      // The blocks are the page cache, one copy for the node; every rank adds its own work.
+      const auto rpn = static_cast<std::uint64_t>(std::max(1, b.ranks_per_node));
+      const std::uint64_t need = sat_add(stack.total(), sat_mul(per_rank, rpn));
+      if (fits(need, sat_mul(b.host, rpn))) return "";
+      return str("it needs about ", human_bytes(per_rank), " of working memory per rank (denoising ",
+                 human_bytes(job.working), ", decoding ", human_bytes(job.decode), "), beside the ",
+                 human_bytes(stack.total()), " of weights that ", rpn, " rank(s) share (", name, "): more than the ",
+                 human_bytes(sat_mul(b.host, rpn)), " available on the node");
+    }
+    const std::uint64_t need = sat_add(sat_add(sat_add(k.host, k.device), k.slots), per_rank);
+    if (fits(need, b.host)) return "";
+    return str("it needs about ", human_bytes(per_rank), " of working memory (denoising ", human_bytes(job.working),
+               ", decoding ", human_bytes(job.decode), ") beside the ", human_bytes(sat_add(sat_add(k.host, k.device), k.slots)),
+               " each rank keeps for the weights (", name, "): more than the ", human_bytes(b.host), " per rank (",
+               b.host_why, ")");
+  }
+  const std::uint64_t device_need = sat_add(sat_add(k.device, k.slots), job.working);
+  if (!fits(device_need, b.device))
+    return str("one step needs about ", human_bytes(job.working), " of working memory on the device beside ",
+               human_bytes(sat_add(k.device, k.slots)), " of weights there (", name, "): more than the device budget ",
+               human_bytes(b.device), " (", b.device_why, ")");
+  const std::uint64_t host_need = sat_add(k.host, job.decode);
+  if (!fits(host_need, b.host))
+    return str("its VAE decode needs about ", human_bytes(job.decode), " on the host beside ", human_bytes(k.host),
+               " of host shards (", name, "): more than the ", human_bytes(b.host), " per rank (", b.host_why, ")");
+  return "";
+}
+
+BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
+                                  const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
+                                  at::ScalarType dtype) {
+  BatchMemoryPlan p;
+  std::vector<JobMemory> mem;
+  std::set<std::uint64_t, std::greater<>> candidates;
+  for (const auto& j : jobs) {
+    mem.push_back(job_memory(model, j, dtype));
+    candidates.insert(working_for_choice(mem.back(), budget));
+  }
+  if (candidates.empty()) candidates.insert(0);  // nothing to render: the weights alone decide
+  // The strategy for the largest job that leaves one: a job too large for every strategy must not
+  // take the others down with it.
+  std::string last_error;
+  bool chosen = false;
+  for (const std::uint64_t w : candidates) {
+    try {
+      p.choice = choose_strategy(requested, stack, w, budget);
+      p.working = w;
+      chosen = true;
+      break;
+    } catch (const Error& e) {
+      last_error = e.what();  // the smallest job's, at the end
+    }
+  }
+  if (!chosen) {
+    std::size_t smallest = 0;
+    for (std::size_t i = 1; i < jobs.size(); ++i)
+      if (working_for_choice(mem[i], budget) < working_for_choice(mem[smallest], budget)) smallest = i;
+    throw Error(jobs.empty() ? last_error
+                             : str("no job of the batch fits in memory; the smallest, job ", smallest, " ('",
+                                   jobs[smallest].id, "'), needs about ", human_bytes(mem[smallest].working),
+                                   " per denoising step: ", last_error));
+  }
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    std::string why = job_memory_problem(p.choice, stack, mem[i], budget);
+    if (!why.empty()) {
+      p.refused.push_back(static_cast<std::int64_t>(i));
+      p.refused_why.push_back(std::move(why));
+    }
+  }
+  DLO_CHECK(jobs.empty() || p.refused.size() < jobs.size(), "no job fits in memory; job 0 ('", jobs[0].id, "'): ",
+            p.refused_why.empty() ? "" : p.refused_why[0]);
+
+  const Kept k = kept_by(p.choice, stack);
+  p.blocks_bytes = stack.total();
+  for (auto b : stack.block_bytes) p.largest_block = std::max(p.largest_block, b);
+  p.kept_per_rank = k.host;
+  p.device_shards = p.choice.strategy == Strategy::kResident ? 0 : k.device;
+  p.slots = k.slots;
+  std::uint64_t working = 0;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (std::find(p.refused.begin(), p.refused.end(), static_cast<std::int64_t>(i)) != p.refused.end()) continue;
+    working = std::max(working, mem[i].working);
+    p.decode = std::max(p.decode, mem[i].decode);
+  }
+  p.working = working;
+  p.text_encoder = safetensors_bytes_in(model.dir + "/text_encoder");
+  p.vae = safetensors_bytes_in(model.dir + "/vae");
+  p.host_per_rank = sat_add(sat_add(p.kept_per_rank, p.decode), budget.device_is_host
+                                                                     ? sat_add(sat_add(p.device_shards, p.slots), working)
+                                                                     : 0);
+  p.shared_per_node = sat_add(sat_add(p.text_encoder, p.vae),
+                              budget.device_is_host && p.choice.strategy == Strategy::kResident ? p.blocks_bytes : 0);
+  return p;
+}
+
+std::string BatchMemoryPlan::describe() const {
+  std::string s = str("  strategy             ", strategy_name(choice.strategy), " (", choice.reason, ")\n",
+                      "  transformer blocks   ", human_bytes(blocks_bytes), " (largest ", human_bytes(largest_block), ")\n",
+                      "  kept per rank        ", human_bytes(kept_per_rank), " on the host",
+                      device_shards ? str(", ", human_bytes(device_shards), " on the device") : std::string(), "\n",
+                      "  slots per rank       ", human_bytes(slots), "\n",
+                      "  working (largest)    ", human_bytes(working), " per denoising step\n",
+                      "  VAE decode (est.)    ", human_bytes(decode), "\n",
+                      "  text encoder         ", human_bytes(text_encoder), " (mmap, shared by a node's ranks)\n",
+                      "  VAE weights          ", human_bytes(vae), "\n",
+                      "  private per rank     ", human_bytes(host_per_rank), "; shared per node ",
+                      human_bytes(shared_per_node));
+  for (std::size_t i = 0; i < refused.size(); ++i) s += str("\n  job ", refused[i], " does not fit: ", refused_why[i]);
+  return s;
+}
+
+}  // namespace dlo

@@ -1,0 +1,68 @@
+// One memory model for a batch: the figures `auto` chooses a strategy from, the check each job
+// passes before anything is prepared for it, and what --dry-run prints, all counted the same way
+// from the model's configs and the jobs' shapes, before any weight is read.
+//
+// Checked arithmetic throughout (common/checked.h): a figure too large for 64 bits is UINT64_MAX
+// ("more than 16 EiB") and never fits, instead of wrapping around to a small number that does.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "dlo/config/job.h"
+#include "dlo/offload/strategy.h"
+
+namespace dlo {
+
+// What one job needs beyond the weights.
+struct JobMemory {
+  std::uint64_t working = 0;  // one denoising step on the compute device (wan_forward_working_bytes)
+  std::uint64_t decode = 0;   // the VAE decode on the host (the decoder's largest stage; rough)
+};
+// Counted from the configs; `dtype` is the transformer's compute dtype.
+JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype);
+
+// The transformer's block stack as the engine will plan it for `ranks` ranks (packed in the dtypes
+// the blocks compute in, tensors aligned, shards rounded up): equal to stack_size(StackPlan) of a
+// checkpoint with this config, from the config alone.
+StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype, int ranks);
+
+// Whether one job can run next to the weights with a strategy already chosen; "" when it fits,
+// else why not, with the figures. The same rule choose_strategy applies when it chooses.
+std::string job_memory_problem(const StrategyChoice& choice, const StackSize& stack, const JobMemory& job,
+                               const MemoryBudget& budget);
+
+struct BatchMemoryPlan {
+  StrategyChoice choice;
+  std::uint64_t working = 0;  // the largest working memory of the jobs the choice was made for
+  // Jobs that fit no strategy beside the others (indices into the jobs given) and why: each fails
+  // alone, recorded, before anything is prepared for it.
+  std::vector<std::int64_t> refused;
+  std::vector<std::string> refused_why;
+  // The figures, per rank unless said otherwise.
+  std::uint64_t blocks_bytes = 0, largest_block = 0;
+  std::uint64_t kept_per_rank = 0;    // host shards (dlo, mixed), the whole stack (layerwise)
+  std::uint64_t device_shards = 0;    // shards kept in device memory (device-shards, mixed)
+  std::uint64_t slots = 0;            // two slots of the largest block (streamed strategies)
+  std::uint64_t decode = 0;           // the largest VAE decode
+  std::uint64_t text_encoder = 0;     // its checkpoint (mmap pages, shared by a node's ranks)
+  std::uint64_t vae = 0;              // its checkpoint
+  std::uint64_t host_per_rank = 0;    // private host memory of one rank (CPU: working included)
+  std::uint64_t shared_per_node = 0;  // page cache the node's ranks share (checkpoints read)
+  std::string describe() const;       // one line per figure, human units
+};
+
+// Pure (every rank computes the same from the same arguments): the strategy for the batch
+// (choose_strategy, with the largest working memory among the jobs that can fit; a job that
+// cannot fit beside the choice made for the others is refused), the per-job check for every job,
+// and the figures. `model` gives the checkpoint sizes of the text encoder and the VAE (file
+// sizes only). Throws dlo::Error when no job fits at all, or when a requested strategy cannot fit
+// its weights, with the figures.
+BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
+                                  const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
+                                  at::ScalarType dtype);
+
+}  // namespace dlo

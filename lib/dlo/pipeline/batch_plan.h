@@ -1,0 +1,92 @@
+// What rank 0 decides about a batch before any weight is read, and shares with every rank: the
+// jobs to render (resume already applied), each with its place in the manifest and its
+// fingerprint. Torch-free; no MPI (the app shares the plan's JSON).
+//
+// Thread-safety: the functions are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dlo/config/job.h"
+#include "dlo/pipeline/manifest.h"
+#include "dlo/pipeline/results.h"
+
+namespace dlo {
+
+// One job of a batch as the ranks share it.
+struct BatchJob {
+  JobSpec spec;
+  std::int64_t index = 0;   // in the manifest: the number in messages and results.jsonl
+  std::string fingerprint;  // job_fingerprint, computed once by rank 0
+};
+
+struct BatchPlan {
+  std::string model_dir, output_dir;
+  std::string results;          // results.jsonl's path ("": one prompt, no results file)
+  std::vector<BatchJob> jobs;   // to render, in manifest order
+  std::int64_t skipped = 0;     // recorded as done, unchanged, with their outputs intact
+};
+
+// The plan as JSON, and back (dlo::Error, kind internal, for text that is not a plan).
+std::string plan_to_json(const BatchPlan& plan);
+BatchPlan plan_from_json(const std::string& text);
+
+// The bytes of an output: a regular file's size, or the sum of the regular files directly in a
+// folder (a PNG sequence); -1 when `path` does not exist.
+std::int64_t output_bytes(const std::string& path);
+
+// Whether an output recorded as written is still whole: it exists, is not empty, and has the size
+// results.jsonl recorded (`recorded_bytes`; -1 for lines of earlier versions, which recorded none:
+// then existing and not empty is all that can be checked). A deleted, emptied or cut video fails.
+bool output_intact(const std::string& path, std::int64_t recorded_bytes);
+
+struct ResumeResult {
+  std::vector<std::int64_t> render;       // indices into manifest.jobs, in order
+  std::int64_t skipped = 0;
+  std::vector<ManifestProblem> problems;  // jobs that changed since their video was rendered
+};
+
+// Resume: a job of `manifest` (fingerprints[i] its fingerprint) is skipped when `past` records it
+// ok with the same fingerprint and its output is intact; a job recorded ok whose output is intact
+// but whose fingerprint changed is a problem (its video would be replaced) unless `force`; every
+// other job renders. Reads only the outputs' sizes.
+ResumeResult plan_resume(const Manifest& manifest, const std::vector<std::string>& fingerprints,
+                         const std::map<std::string, PastResult>& past, bool force);
+
+// ---- planning on rank 0, before any weight is read
+
+// One job from the command line (dlo-generate --prompt): each field from its flag (`flags`: field
+// key -> text), else built in; the seed, when not given, is `random_seed`; the output, when not
+// given, "video" + the format's extension. Throws dlo::Error (input) listing every problem of the
+// flags, one per line ("--seed: must be >= 0 ..."). Reads nothing.
+JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std::uint64_t random_seed);
+
+// The checks of a --prompt job that need the model's configs (validate_job), as one dlo::Error
+// (input) naming the flags ("--height: 500 is not a multiple of 16 ..."), one per line.
+void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFormatNames& formats);
+
+struct BatchPlanOptions {
+  std::string manifest;                      // --jobs FILE
+  JobFlags flags;                            // job fields given on the command line
+  std::optional<std::string> model, output_dir;  // --model, --output-dir
+  OutputFormatNames formats;                 // the app's
+  bool force = false;                        // render jobs done or changed again
+  bool dry_run = false;                      // create nothing
+  std::string dtypes;                        // the compute dtypes (they decide the bytes)
+  // The app's check of a job's output (its format's options and path); throws dlo::Error.
+  std::function<void(const JobSpec& job, const ModelInfo& model)> check_output;
+};
+
+// Rank 0: the manifest read and checked (load_manifest, check_manifest), every job fingerprinted
+// (job_fingerprint with the model folder's identity), resume applied (plan_resume against
+// results.jsonl in the output folder), and, unless dry_run, the output folders created and the
+// temporaries of killed writers removed. Throws ManifestError with every problem (bad fields,
+// changed jobs) or dlo::Error (an unreadable manifest, model folder or results file).
+BatchPlan plan_batch(const BatchPlanOptions& options);
+
+}  // namespace dlo

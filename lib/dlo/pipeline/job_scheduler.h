@@ -1,0 +1,117 @@
+// Which rank renders which job of a batch, decided at every pass boundary.
+//
+// As in vLLM's scheduler, the decision is a value: every rank reports a RankReport at the
+// boundary (the reports are exchanged by one small allgather, see render/generate), and every
+// rank feeds the same reports, in rank order, to its own JobScheduler, whose schedule() returns
+// the same PassDecision everywhere. There is no coordinator and nothing else to agree on. The
+// scheduler keeps the batch's state (each job queued, assigned, held or finished) as typed data;
+// no MPI, no torch, no clock: it is tested alone (tests/pipeline/test_job_scheduler.cpp).
+//
+// A pass is one traversal of the transformer's blocks by every rank: a denoising step of each
+// rank's current job, or a ghost pass for a rank without one. Jobs are handed out in order, to the
+// ranks that ask, in rank order; a rank asks for its next job early enough that the job's prompts
+// are encoded when its current job ends (should_ask), so jobs of different steps, sizes and
+// guidance mix freely and no rank waits behind another rank's longer job.
+//
+// Groups: an assignment names the ranks that render a job together. Today every group is one rank
+// (data parallelism); sequence and CFG parallelism give a job several ranks, and the rest of the
+// decision stays as it is.
+//
+// Thread-safety: none (one thread drives a scheduler).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dlo {
+
+// What one rank says at a pass boundary.
+struct RankReport {
+  bool wants_job = false;           // asks for the next job
+  bool stop = false;                // a stop was requested here (a signal)
+  std::int64_t pending_results = 0; // finished jobs' results not yet at rank 0
+  std::int64_t current = -1;        // the job its next pass computes (-1: none: a ghost pass)
+  std::int64_t steps_done = 0;      // of `current`
+  std::int64_t next = -1;           // a job assigned to it whose prompts are being prepared (-1: none)
+
+  // The report as a fixed number of integers (the exchange carries kWords per rank), and back.
+  static constexpr std::size_t kWords = 6;
+  void encode(std::int64_t* out) const;
+  static RankReport decode(const std::int64_t* in);
+};
+
+// A job and the ranks that render it (one rank today).
+struct JobAssignment {
+  std::int64_t job = -1;
+  std::vector<int> ranks;
+};
+
+struct PassDecision {
+  std::int64_t pass = 0;
+  bool collect_results = false;  // some rank holds results: every rank joins their gather to rank 0
+  bool stop = false;             // a rank asked to stop: every rank leaves the wave now
+  bool finished = false;         // nothing is left to denoise anywhere: leave the wave
+  bool traverse = false;         // some rank computes: every rank makes one traversal
+  std::vector<JobAssignment> assignments;  // jobs handed out at this boundary
+  std::vector<std::int64_t> rank_job;      // per rank: the job it computes in this pass (-1: none)
+  std::vector<std::int64_t> rank_step;     // per rank: that job's steps done
+};
+
+enum class JobState {
+  kQueued,    // not yet handed out
+  kAssigned,  // handed out at this boundary; its rank reports it from the next one on
+  kHeld,      // its rank reports it (its prompts being prepared, or being denoised)
+  kFinished,  // its rank does not hold it (any more): denoised (decoding or done) or failed
+};
+
+// What a rank knows of its own jobs when it decides whether to ask (should_ask).
+struct AskInputs {
+  bool has_current = false, has_next = false;
+  std::int64_t current_steps_left = 0;
+  double step_s = 0;  // the measured seconds of a denoising step (0: none measured yet)
+  double text_s = 0;  // the measured seconds of preparing a job (its prompts)
+};
+
+class JobScheduler {
+ public:
+  // `steps[i]`: the denoising steps of job i. Throws nothing; ranks >= 1.
+  JobScheduler(std::vector<std::int64_t> steps, int ranks);
+
+  // Before the wave: jobs 0 .. min(ranks, jobs) - 1 go to ranks 0, 1, ... (their prompts are
+  // encoded before the engine exists). Call once, first.
+  std::vector<JobAssignment> initial_assignments();
+
+  // One boundary: `reports` are every rank's, in rank order. Hands the next jobs to the ranks that
+  // asked (in rank order), updates the states, and says what every rank does next.
+  PassDecision schedule(const std::vector<RankReport>& reports);
+
+  // The policy a rank's wants_job follows: never while it holds a prepared next job; at once while
+  // more jobs wait than there are ranks; near the end of the batch only when its current job is
+  // about to end (within the time of preparing a job and one step), so that the last jobs go to
+  // whichever ranks free up first.
+  bool should_ask(const AskInputs& in) const;
+
+  // Steps not yet computed over the batch (queued and assigned jobs in full, held ones less their
+  // reported steps): with the measured step time, the ETA.
+  std::int64_t steps_left() const;
+  // Seconds left, from `step_s` per step spread over the ranks (-1 without a measurement).
+  double eta_s(double step_s) const;
+
+  JobState state(std::int64_t job) const { return state_.at(static_cast<std::size_t>(job)); }
+  std::int64_t jobs() const { return static_cast<std::int64_t>(steps_.size()); }
+  std::int64_t jobs_unassigned() const { return jobs() - next_job_; }
+  int ranks() const { return ranks_; }
+
+ private:
+  void assign(std::int64_t job, int rank, std::vector<JobAssignment>& out);
+
+  std::vector<std::int64_t> steps_, done_steps_;
+  std::vector<JobState> state_;
+  std::vector<int> owner_;  // per job: the rank it was given to (-1: none)
+  int ranks_;
+  std::int64_t next_job_ = 0;
+  std::int64_t pass_ = 0;
+  bool started_ = false;
+};
+
+}  // namespace dlo

@@ -1,0 +1,499 @@
+#include "dlo/render/generate.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "dlo/common/error.h"
+#include "dlo/common/memory.h"
+#include "dlo/common/settings.h"
+#include "dlo/dist/device.h"
+#include "dlo/models/tensor_view.h"
+#include "dlo/models/torch_errors.h"
+#include "dlo/models/wan_transformer.h"
+#include "dlo/models/wan_vae.h"
+#include "dlo/mpi/mpi_world.h"
+#include "dlo/offload/runner.h"
+#include "dlo/offload/wave.h"
+#include "dlo/pipeline/job_scheduler.h"
+#include "dlo/render/prompt_encoder.h"
+
+namespace dlo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::ordered_json;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A background thread running tasks in the order posted. Destroying it drops the tasks not yet
+// started and waits for the one running, so nothing a task uses is destroyed under it (declare a
+// Worker after what its tasks use).
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+      tasks_.clear();
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+  }
+  // Blocks until every posted task has run.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait(lock, [this] { return tasks_.empty() && !running_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return quit_ || !tasks_.empty(); });
+      if (quit_) return;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      running_ = true;
+      lock.unlock();
+      task();  // tasks catch their own errors
+      lock.lock();
+      running_ = false;
+      if (tasks_.empty()) idle_cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool running_ = false, quit_ = false;
+  std::thread thread_;
+};
+
+// Results the workers hand back to the wave.
+class ResultQueue {
+ public:
+  void push(JobResult r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_.push_back(std::move(r));
+  }
+  std::vector<JobResult> take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<JobResult> out(std::make_move_iterator(results_.begin()), std::make_move_iterator(results_.end()));
+    results_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<JobResult> results_;
+};
+
+// A job on this rank and whether its preparation has finished (set by the text worker).
+struct Slot {
+  std::int64_t position = -1;  // in the scheduler (an index into the runnable jobs)
+  std::shared_ptr<JobRun> run;
+  std::shared_ptr<std::atomic<bool>> ready = std::make_shared<std::atomic<bool>>(false);
+};
+
+// The agreed memory plan (collective; a refusal is the same error on every rank).
+BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
+                                  const GenerateOptions& o, const WaveDevice& dev, const StackSize& stack) {
+  const MemoryBudget budget = agree_memory_budget(world, dev.device, dev.sharing, o.device_budget);
+  std::vector<JobSpec> specs;
+  for (const auto& j : jobs) specs.push_back(j.spec);
+  BatchMemoryPlan plan;
+  std::string error;
+  try {
+    plan = plan_batch_memory(model, specs, o.offload, stack, budget, o.dtype);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  world.check_all(error, "memory plan");
+  return plan;
+}
+
+// One batch on this rank: the wave and what it keeps between passes. Members are declared in the
+// order they may be destroyed safely in reverse: the workers go first (their tasks dropped, the
+// running one joined) while the jobs, models and engine they use still exist.
+class BatchRun {
+ public:
+  BatchRun(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
+           const GenerateOptions& options, const GenerateCallbacks& callbacks)
+      : world_(world), model_(model), jobs_(jobs), o_(options), cb_(callbacks), me_(world.rank()),
+        ranks_(world.size()) {}
+
+  GenerateReport run() {
+    const auto wall_t0 = Clock::now();
+    at_start_ = read_process_memory();
+    setup();
+    try {
+      wave();
+      wave_s_ = since(wall_t0);
+      return finish();
+    } catch (const std::exception& e) {
+      // Once the wave runs, the others may be waiting for this rank in a gather: end them now,
+      // with this rank's message, before anything is unwound (with one rank: unwind and throw).
+      if (ranks_ > 1) MpiWorld::abort(describe_exception(e), exit_code_of(kind_of(e)));
+      throw;
+    }
+  }
+
+ private:
+  static ErrorKind kind_of(const std::exception& e) {
+    const auto* d = dynamic_cast<const Error*>(&e);
+    return d ? d->kind() : ErrorKind::kInternal;
+  }
+  void phase(const char* name) const {
+    if (cb_.on_phase) cb_.on_phase(name);
+  }
+
+  // Before the wave: the device, the transformer's plan, the memory plan, the first jobs' prompts,
+  // the engine.
+  void setup() {
+    dev_ = agree_device(world_, o_.device, o_.host_id, "--device");
+    std::string error;
+    try {
+      transformer_.emplace(WanTransformer::load(model_.dir + "/transformer", o_.dtype, /*load_blocks=*/false));
+      transformer_->to_device(dev_.device);
+      runner_ = std::make_unique<WanOffloadRunner>(*transformer_, ranks_);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    world_.check_all(error);
+    (void)agree_wave(world_, 0, runner_->plan().fingerprint());  // the same block layout everywhere
+    memory_ = agree_memory_plan(world_, model_, jobs_, o_, dev_, stack_size(runner_->plan()));
+    report_.choice = str("offload: ", strategy_name(memory_.choice.strategy), " (", memory_.choice.reason, "); device ",
+                         dev_.device.str(), "; ", ranks_, " rank(s)");
+    // A job that does not fit fails alone, recorded by rank 0, before anything is prepared for it.
+    std::vector<std::int64_t> steps;
+    for (std::size_t i = 0; i < jobs_.size(); ++i) {
+      const auto r = std::find(memory_.refused.begin(), memory_.refused.end(), static_cast<std::int64_t>(i));
+      if (r == memory_.refused.end()) {
+        runnable_.push_back(static_cast<std::int64_t>(i));
+        steps.push_back(jobs_[i].spec.steps);
+        continue;
+      }
+      if (me_ != 0) continue;
+      JobRun refused(jobs_[i], model_, me_);
+      refused.fail(str("does not fit in memory: ", memory_.refused_why[static_cast<std::size_t>(r - memory_.refused.begin())]));
+      record(refused.result);
+    }
+    scheduler_ = std::make_unique<JobScheduler>(std::move(steps), ranks_);
+    // The first jobs' prompts are encoded before the engine's slots exist.
+    for (const auto& a : scheduler_->initial_assignments())
+      if (std::find(a.ranks.begin(), a.ranks.end(), me_) != a.ranks.end()) {
+        phase("text");
+        assign(a.job);
+        text_worker_.drain();
+      }
+    EngineOptions eo;
+    eo.keep_page_cache = o_.keep_page_cache;
+    if (o_.faults.transfer_rank < 0 || o_.faults.transfer_rank == me_) eo.fail_at_block = o_.faults.transfer_block;
+    start_engine(world_, *runner_, memory_.choice, dev_.device, eo);
+  }
+
+  const BatchJob& job_at(std::int64_t position) const {
+    return jobs_[static_cast<std::size_t>(runnable_[static_cast<std::size_t>(position)])];
+  }
+
+  // prepare, on the text worker: the job's prompts, latents and scheduler.
+  void assign(std::int64_t position) {
+    Slot s;
+    s.position = position;
+    s.run = std::make_shared<JobRun>(job_at(position), model_, me_);
+    auto run = s.run;
+    auto ready = s.ready;
+    text_worker_.post([this, run, ready] {
+      const auto t0 = Clock::now();
+      try {
+        if (!text_) text_.emplace(model_.dir, o_.dtype);
+        prepare_job(*run, *text_, model_, o_.dtype, dev_.device);
+      } catch (const std::exception& e) {
+        run->fail(describe_exception(e));
+      }
+      run->result.text_s = since(t0);
+      ready->store(true, std::memory_order_release);
+    });
+    next_ = std::move(s);
+  }
+
+  // finish, on the decode worker: the VAE decode into the job's sink.
+  void finish_later(Slot slot) {
+    auto run = slot.run;
+    decode_worker_.post([this, run] {
+      try {
+        if (!vae_) vae_.emplace(WanVae::load(model_.dir + "/vae", o_.vae_dtype));
+        finish_job(*run, *vae_, model_, cb_.open_sink, cb_.save_latents);
+      } catch (const std::exception& e) {
+        run->fail(str("loading the VAE: ", describe_exception(e)));
+      }
+      finished_.push(std::move(run->result));
+    });
+  }
+
+  // A finished or failed job's result, on its way to rank 0.
+  void record(JobResult r) {
+    if (r.status != "ok") r.error = str("job ", r.index, " ('", r.id, "'): ", r.error);
+    pending_.push_back(result_line(r));
+    if (me_ != 0) report_.jobs.push_back(std::move(r));
+  }
+
+  // Results of all ranks to rank 0 (collective; every rank calls it when any has some).
+  void collect(const char* phase_name) {
+    std::string mine;
+    for (const auto& l : pending_) mine += l + "\n";
+    pending_.clear();
+    const auto all = world_.gather_strings(mine, 0, phase_name);
+    if (me_ != 0) return;
+    for (const auto& text : all)
+      for (std::size_t pos = 0; pos < text.size();) {
+        const std::size_t nl = text.find('\n', pos);
+        JobResult r = result_from_line(text.substr(pos, nl - pos));
+        pos = nl + 1;
+        (r.status == "ok" ? done_ : failed_) += 1;
+        if (cb_.on_result) cb_.on_result(r);
+        report_.jobs.push_back(std::move(r));
+      }
+  }
+
+  RankReport boundary_report() {
+    for (auto& r : finished_.take()) record(std::move(r));
+    if (!current_.run && next_.run && next_.ready->load(std::memory_order_acquire)) {
+      current_ = std::move(next_);
+      next_ = Slot{};
+      text_est_s_ = current_.run->result.text_s;
+      if (current_.run->failed()) {  // its prompts could not be encoded
+        record(current_.run->result);
+        current_ = Slot{};
+      }
+    }
+    RankReport r;
+    AskInputs ask;
+    ask.has_current = current_.run != nullptr;
+    ask.has_next = next_.run != nullptr;
+    ask.current_steps_left = current_.run ? current_.run->steps_left() : 0;
+    ask.step_s = step_est_s_;
+    ask.text_s = text_est_s_;
+    r.wants_job = scheduler_->should_ask(ask);
+    r.stop = cb_.stop_requested && cb_.stop_requested();
+    r.pending_results = static_cast<std::int64_t>(pending_.size());
+    r.current = current_.run ? current_.position : -1;
+    r.steps_done = current_.run ? current_.run->steps_done : 0;
+    r.next = next_.run ? next_.position : -1;
+    return r;
+  }
+
+  std::vector<RankReport> exchange(const RankReport& mine) {
+    std::vector<std::int64_t> words(RankReport::kWords);
+    mine.encode(words.data());
+    const auto s0 = Clock::now();
+    const auto all = world_.allgather(words, "pass boundary");
+    sync_s_ += since(s0);
+    std::vector<RankReport> reports;
+    for (int r = 0; r < ranks_; ++r) reports.push_back(RankReport::decode(&all[static_cast<std::size_t>(r) * RankReport::kWords]));
+    return reports;
+  }
+
+  void progress(const PassDecision& d) {
+    if (me_ != 0 || !cb_.on_progress) return;
+    ProgressEvent ev{d.pass, static_cast<std::int64_t>(jobs_.size()), done_, failed_, d.rank_job, d.rank_step,
+                     scheduler_->eta_s(step_est_s_)};
+    for (auto& j : ev.rank_job)
+      if (j >= 0) j = runnable_[static_cast<std::size_t>(j)];
+    cb_.on_progress(ev);
+  }
+
+  // denoise: one traversal, a step of this rank's job or a ghost pass.
+  void traverse() {
+    const auto t0 = Clock::now();
+    const bool compute = current_.run != nullptr;
+    ++traversals_;
+    if (!compute) {
+      runner_->ghost();  // a failure here is the transfers': it propagates and ends every rank
+      ++ghosts_;
+      if (scheduler_->jobs_unassigned() > 0 || next_.run) ++idle_;  // work existed, this rank was not ready for it
+      return;
+    }
+    JobRun& run = *current_.run;
+    const FaultHooks& f = o_.faults;
+    const BlockHook hook = run.job.index == f.compute_job ? BlockHook([&](std::int64_t step, std::int64_t block) {
+      DLO_CHECK(!(step == f.compute_step && block == 0), "injected failure (test hook)");
+    })
+                                                          : BlockHook();
+    try {
+      denoise_step(*runner_, run, o_.dtype, hook);
+      if (dev_.device.is_cuda()) (void)run.latents.flatten()[0].item<float>();  // the step's time is real
+      run.result.allocator_reserved_peak_bytes = device_memory(dev_.device).allocator_reserved_peak;
+    } catch (const BlockComputeError& e) {
+      // The job's own computation failed; the engine is in step (the pass went on as a ghost).
+      run.fail(str("denoising step ", run.steps_done + 1, ": ", e.what()));
+      record(run.result);
+      current_ = Slot{};
+      return;
+    }
+    // Any other exception is the transfers' and propagates: the collective is out of step.
+    const double s = since(t0);
+    ++run.steps_done;
+    run.result.step_s.push_back(s);
+    run.result.denoise_s += s;
+    step_est_s_ = step_est_s_ == 0 ? s : 0.8 * step_est_s_ + 0.2 * s;
+    if (cb_.on_step) cb_.on_step({run.job.spec.id, run.job.index, run.steps_done, run.job.spec.steps, s});
+    if (run.steps_left() == 0) {
+      finish_later(std::move(current_));
+      current_ = Slot{};
+    }
+  }
+
+  void wave() {
+    phase("denoise");
+    for (;;) {
+      const RankReport mine = boundary_report();
+      if (me_ == o_.faults.io_rank && scheduler_pass_ == o_.faults.io_pass)
+        throw Error(str("pass ", scheduler_pass_, ": injected I/O failure (test hook)"), ErrorKind::kIo);
+      const PassDecision d = scheduler_->schedule(exchange(mine));
+      scheduler_pass_ = d.pass + 1;
+      if (d.collect_results) collect("collecting results");
+      if (d.stop) {
+        report_.stopped = true;
+        return;
+      }
+      for (const auto& a : d.assignments)
+        if (std::find(a.ranks.begin(), a.ranks.end(), me_) != a.ranks.end()) assign(a.job);
+      if (d.finished) return;
+      progress(d);
+      if (!d.traverse) {
+        // Every rank waits for its next job's prompts: no traversal (it would stream weights for
+        // nothing); wait a little for this rank's worker, then meet again.
+        const auto until = Clock::now() + std::chrono::milliseconds(20);
+        while (next_.run && !next_.ready->load(std::memory_order_acquire) && Clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        if (!next_.run) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        continue;
+      }
+      traverse();
+    }
+  }
+
+  // After the wave: the engine freed before the last decodes need memory; queued decodes finish
+  // (their latents are complete); after a stop, a job being denoised or prepared is left for the
+  // rerun. Then every rank's facts to rank 0.
+  GenerateReport finish() {
+    const EngineStats es = runner_->engine().stats();
+    runner_.reset();
+    transformer_.reset();
+    phase("decode");
+    text_worker_.drain();
+    decode_worker_.drain();
+    for (auto& r : finished_.take()) record(std::move(r));
+    current_ = Slot{};
+    next_ = Slot{};
+    collect("collecting the last results");
+
+    const ProcessMemory end = read_process_memory();
+    const DeviceMemory dm = device_memory(dev_.device);
+    json mine = {{"rank", me_},
+                 {"host", world_.host()},
+                 {"local_rank", world_.local_rank()},
+                 {"device", dev_.device.str()},
+                 {"traversals", traversals_},
+                 {"ghost_traversals", ghosts_},
+                 {"idle_traversals", idle_},
+                 {"boundary_wait_s", sync_s_},
+                 {"wave_s", wave_s_},
+                 {"working_bytes_estimate", memory_.working},
+                 {"device_blocks", memory_.choice.device_blocks},
+                 {"device_total_bytes", dm.total},
+                 {"device_used_bytes_at_end", dm.used},
+                 {"allocator_reserved_peak_bytes", dm.allocator_reserved_peak},
+                 {"allocator_allocated_peak_bytes", dm.allocator_allocated_peak},
+                 {"rss_kb_at_start", at_start_.rss_kb},
+                 {"rss_kb", end.rss_kb},
+                 {"rss_peak_kb", end.hwm_kb}};
+    mine.update(json::parse(engine_stats_json(es)));
+    const auto all = world_.gather_strings(mine.dump(), 0, "collecting rank facts");
+    if (me_ == 0) {
+      json arr = json::array();
+      for (const auto& s : all) arr.push_back(json::parse(s));
+      report_.ranks_json = arr.dump(2);
+      std::sort(report_.jobs.begin(), report_.jobs.end(),
+                [](const JobResult& a, const JobResult& b) { return a.index < b.index; });
+    }
+    return std::move(report_);
+  }
+
+  const MpiWorld& world_;
+  const ModelInfo& model_;
+  const std::vector<BatchJob>& jobs_;
+  const GenerateOptions& o_;
+  const GenerateCallbacks& cb_;
+  const int me_, ranks_;
+
+  WaveDevice dev_;
+  std::optional<WanTransformer> transformer_;
+  std::unique_ptr<WanOffloadRunner> runner_;
+  BatchMemoryPlan memory_;
+  std::vector<std::int64_t> runnable_;  // scheduler position -> index into jobs_
+  std::unique_ptr<JobScheduler> scheduler_;
+  std::int64_t scheduler_pass_ = 0;
+  GenerateReport report_;
+  std::vector<std::string> pending_;  // this rank's result lines not yet at rank 0
+  std::int64_t done_ = 0, failed_ = 0, traversals_ = 0, ghosts_ = 0, idle_ = 0;
+  double sync_s_ = 0, text_est_s_ = 0, step_est_s_ = 0, wave_s_ = 0;
+  ProcessMemory at_start_;
+  // Used by the workers' tasks: declared before the workers.
+  std::optional<PromptEncoder> text_;  // text worker only
+  std::optional<WanVae> vae_;          // decode worker only
+  ResultQueue finished_;
+  Slot current_, next_;
+  Worker text_worker_, decode_worker_;  // destroyed first
+};
+
+}  // namespace
+
+std::string dtypes_label(const GenerateOptions& o) {
+  return str(compute_dtype_name(o.dtype), "/", compute_dtype_name(o.vae_dtype));
+}
+
+std::string report_json(const GenerateReport& report) {
+  json j = {{"choice", report.choice}, {"stopped", report.stopped}, {"jobs", json::array()}};
+  for (const auto& r : report.jobs) j["jobs"].push_back(json::parse(result_line(r)));
+  j["ranks"] = report.ranks_json.empty() ? json::array() : json::parse(report.ranks_json);
+  return j.dump(2);
+}
+
+RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
+                       const GenerateOptions& o) {
+  const WaveDevice dev = agree_device(world, o.device, o.host_id, "--device");
+  RenderPlan p;
+  p.device = dev.device.str();
+  p.memory = agree_memory_plan(world, model, jobs, o, dev, config_stack_size(model.transformer, o.dtype, world.size()));
+  return p;
+}
+
+GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
+                        const GenerateOptions& options, const GenerateCallbacks& callbacks) {
+  BatchRun run(world, model, jobs, options, callbacks);
+  return run.run();
+}
+
+}  // namespace dlo

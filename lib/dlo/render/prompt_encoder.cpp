@@ -1,0 +1,20 @@
+#include "dlo/render/prompt_encoder.h"
+
+#include <ATen/ATen.h>
+
+#include "dlo/common/error.h"
+
+namespace dlo {
+
+PromptEncoder::PromptEncoder(const std::string& model_dir, at::ScalarType dtype)
+    : tokenizer_(T5Tokenizer::load(model_dir + "/tokenizer")),
+      encoder_(Umt5Encoder::load(model_dir + "/text_encoder", dtype)) {}
+
+at::Tensor PromptEncoder::encode(const std::string& prompt, std::int64_t max_sequence_length) const {
+  const TokenizedBatch b = tokenizer_.encode_prompts({prompt}, max_sequence_length);
+  const at::Tensor ids = at::tensor(b.input_ids, at::kLong).view({b.batch, b.length});
+  const at::Tensor mask = at::tensor(b.attention_mask, at::kLong).view({b.batch, b.length});
+  return encoder_.forward(ids, mask);
+}
+
+}  // namespace dlo

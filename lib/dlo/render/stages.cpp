@@ -1,0 +1,153 @@
+#include "dlo/render/stages.h"
+
+#include <chrono>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "dlo/common/error.h"
+#include "dlo/common/memory.h"
+#include "dlo/common/sha256.h"
+#include "dlo/io/safetensors_writer.h"
+#include "dlo/models/tensor_view.h"
+#include "dlo/models/torch_errors.h"
+#include "dlo/models/wan_vae.h"
+#include "dlo/offload/engine.h"
+#include "dlo/offload/runner.h"
+#include "dlo/render/prompt_encoder.h"
+
+namespace dlo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void save_latents_safetensors(const BatchJob& job, const ModelInfo& model, const at::Tensor& latents) {
+  const at::Tensor lat = latents.to(at::kCPU).contiguous();
+  std::vector<std::int64_t> shape(lat.sizes().begin(), lat.sizes().end());
+  write_safetensors_file(
+      job.spec.save_latents, {TensorSpec{"latents", from_scalar_type(lat.scalar_type()), shape}},
+      [&](std::size_t, const TensorSpec& spec, std::byte* out) { std::memcpy(out, lat.data_ptr(), spec.nbytes()); },
+      {{"format", "pt"}, {"dlo_job", job_parameters_json(job.spec, model)}});
+}
+
+}  // namespace
+
+JobRun::JobRun(BatchJob j, const ModelInfo& model, int rank) : job(std::move(j)) {
+  result.id = job.spec.id;
+  result.index = job.index;
+  result.rank = rank;
+  result.output = job.spec.output;
+  result.parameters_json = job_parameters_json(job.spec, model);
+  result.fingerprint = job.fingerprint;
+}
+
+void JobRun::fail(const std::string& what) {
+  if (failed()) return;
+  result.status = "failed";
+  result.error = what;
+}
+
+at::Tensor initial_latents(const std::vector<std::int64_t>& shape, std::uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+at::Tensor frames_to_uint8(const at::Tensor& chunk) {
+  DLO_ASSERT(chunk.dim() == 5 && chunk.size(0) == 1 && chunk.size(1) == 3, "chunk ", chunk.sizes());
+  // [1, 3, n, H, W] -> [n, 3, H, W] as postprocess_video permutes; elementwise ops do not care.
+  const at::Tensor x = (chunk[0].permute({1, 0, 2, 3}) * 0.5 + 0.5).clamp(0, 1);
+  return (x.to(at::kFloat) * 255).to(at::kByte).permute({0, 2, 3, 1}).contiguous().to(at::kCPU);
+}
+
+void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model, at::ScalarType dtype,
+                 c10::Device device) {
+  const JobSpec& job = run.job.spec;
+  with_context(str("job '", job.id, "': encoding the prompt"), [&] {
+    run.context = text.encode(job.prompt).to(device, dtype);
+    if (job.guided()) run.negative_context = text.encode(job.negative_prompt).to(device, dtype);
+  });
+  run.scheduler = make_noise_scheduler(job_scheduler_config(job, model));
+  run.scheduler->set_timesteps(job.steps);
+  run.latents = initial_latents(model.latent_shape(job.frames, job.height, job.width), job.seed).to(device);
+}
+
+void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook) {
+  const JobSpec& job = run.job.spec;
+  // Before the traversal: a failure here joins the pass as a ghost, so only this job fails.
+  std::vector<WanBranchInputs> branches;
+  std::int64_t i = 0;
+  try {
+    i = run.scheduler->step_index();
+    const at::Tensor x = run.latents.to(dtype);
+    const at::Tensor t = run.scheduler->timesteps()[i].to(x.device()).expand({x.size(0)});
+    branches.push_back({x, t, run.context});
+    if (job.guided()) branches.push_back({x, t, run.negative_context});
+  } catch (const std::exception& e) {
+    runner.ghost();
+    throw BlockComputeError(str("the step's inputs: ", describe_exception(e)));
+  }
+  const std::int64_t step = i + 1;
+  const std::vector<at::Tensor> out =
+      runner.forward(branches, hook ? std::function<void(std::int64_t)>([&](std::int64_t b) { hook(step, b); })
+                                    : std::function<void(std::int64_t)>());
+  // After it: the transfers are done, a failure is the job's own.
+  try {
+    at::Tensor noise = out[0];
+    if (job.guided()) noise = out[1] + job.guidance * (out[0] - out[1]);
+    run.latents = run.scheduler->step(noise, run.latents);
+  } catch (const std::exception& e) {
+    throw BlockComputeError(str("the scheduler step: ", describe_exception(e)));
+  }
+}
+
+void finish_job(JobRun& run, const WanVae& vae, const ModelInfo& model, const SinkFactory& open_sink,
+                const LatentsKeeper& keep_latents) {
+  const auto t0 = Clock::now();
+  const JobSpec& job = run.job.spec;
+  try {
+    with_context(str("job '", job.id, "'"), [&] {
+      if (keep_latents)
+        keep_latents(run.job, run.latents);
+      else if (!job.save_latents.empty())
+        save_latents_safetensors(run.job, model, run.latents);
+      const at::Tensor z = vae.denormalize(run.latents.to(at::kCPU));
+      run.latents = at::Tensor();
+      const std::int64_t frames = vae.config().output_frames(z.size(2));
+      const std::int64_t height = z.size(3) * vae.config().scale_factor_spatial;
+      const std::int64_t width = z.size(4) * vae.config().scale_factor_spatial;
+      double sink_s = 0;
+      auto timed = [&](auto&& fn) {
+        const auto s0 = Clock::now();
+        fn();
+        sink_s += since(s0);
+      };
+      std::unique_ptr<FrameSink> sink;
+      if (open_sink) timed([&] { sink = open_sink(job, width, height, frames); });
+      Sha256 sha;
+      const auto frame_bytes = static_cast<std::size_t>(height * width * 3);
+      vae.decode_frames(z, [&](std::int64_t, const at::Tensor& chunk) {
+        const at::Tensor u8 = frames_to_uint8(chunk);
+        for (std::int64_t f = 0; f < u8.size(0); ++f) {
+          const std::uint8_t* p = u8[f].data_ptr<std::uint8_t>();
+          sha.update(p, frame_bytes);
+          if (sink) timed([&] { sink->add_frame(p); });
+        }
+      });
+      if (sink) timed([&] { sink->finish(); });
+      run.result.frames_sha256 = sha.hex_digest();
+      run.result.frames = frames;
+      run.result.height = height;
+      run.result.width = width;
+      run.result.encode_s = sink_s;
+      if (sink) run.result.output_bytes = output_bytes(job.output);
+    });
+  } catch (const std::exception& e) {
+    run.fail(describe_exception(e));
+  }
+  run.result.decode_s = since(t0);
+  run.result.rss_peak_kb = read_process_memory().hwm_kb;
+}
+
+}  // namespace dlo

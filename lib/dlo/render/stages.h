@@ -1,0 +1,103 @@
+// The three stages of one job on the rank that renders it, as WanPipeline runs them:
+//
+//   prepare  the prompts through the text encoder, the seeded initial latents, the noise scheduler;
+//   denoise  one step: the transformer's blocks from the offload engine (both guidance branches
+//            through each block while its weights are in the slot), guidance, the scheduler step;
+//   finish   the final latents kept if asked, the VAE decode into uint8 frames, the frames into the
+//            job's sink and their sha256.
+//
+// generate() drives them for a batch (prepare and finish on worker threads, denoise on the wave);
+// a test can drive them for one job (tests/render/test_render.cpp checks every step against
+// WanPipeline's). Which rank runs a job never changes its video: latents come from a CPU generator
+// seeded with the job's seed alone, and every strategy and rank count computes the same blocks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "dlo/config/job.h"
+#include "dlo/diffusion/noise_scheduler.h"
+#include "dlo/pipeline/batch_plan.h"
+#include "dlo/pipeline/results.h"
+
+namespace dlo {
+
+class PromptEncoder;
+class WanOffloadRunner;
+class WanVae;
+
+// Where the uint8 frames of one job go (a video writer, a folder of PNGs). Frames are RGB24,
+// row-major [height][width][3]. finish() is called after the last frame; a sink destroyed without
+// finish() must leave nothing that looks finished.
+class FrameSink {
+ public:
+  virtual ~FrameSink() = default;
+  virtual void add_frame(const std::uint8_t* rgb) = 0;
+  virtual void finish() = 0;
+};
+
+// One job on its rank, from assignment to its result.
+struct JobRun {
+  BatchJob job;
+  JobResult result;                      // status "ok" until a stage fails
+  at::Tensor context, negative_context;  // [1, 512, text_dim], transformer dtype, on the device
+  at::Tensor latents;                    // [1, C, F, h, w], fp32, on the device
+  std::unique_ptr<NoiseScheduler> scheduler;
+  std::int64_t steps_done = 0;
+
+  // A run of `job` on `rank`; the result carries the job's id, index, output, parameters and
+  // fingerprint.
+  JobRun(BatchJob job, const ModelInfo& model, int rank);
+  bool failed() const { return result.status != "ok"; }
+  std::int64_t steps_left() const { return job.spec.steps - steps_done; }
+  // Marks the job failed with `what` (the first failure wins).
+  void fail(const std::string& what);
+};
+
+// The latents WanPipeline starts from: randn(shape) in fp32 from a CPU generator seeded with
+// `seed` (torch.Generator("cpu").manual_seed(seed) + randn_tensor), on the CPU.
+at::Tensor initial_latents(const std::vector<std::int64_t>& shape, std::uint64_t seed);
+
+// diffusers' postprocess + export_to_video on one decoded chunk [1, 3, n, H, W] in [-1, 1] (VAE
+// dtype): (x * 0.5 + 0.5).clamp(0, 1) in the VAE dtype, then x 255 in fp32 and a truncating
+// cast; returns [n, H, W, 3] uint8, contiguous, on the CPU.
+at::Tensor frames_to_uint8(const at::Tensor& chunk);
+
+// prepare: the prompts (the negative one only with guidance) in `dtype` on `device`, the initial
+// latents on `device`, the scheduler set to the job's steps. Throws dlo::Error (a prompt that is
+// not valid UTF-8, ...): the job fails.
+void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model, at::ScalarType dtype,
+                 c10::Device device);
+
+// Called inside the traversal, before block `block` of step `step` (from 1) computes: a test hook
+// that may throw to make the job's computation fail there.
+using BlockHook = std::function<void(std::int64_t step, std::int64_t block)>;
+
+// denoise: one step of WanPipeline's loop for `run`: the latents in the transformer's dtype, the
+// step's timestep, every guidance branch through the engine in one traversal,
+// noise = uncond + guidance (cond - uncond), the scheduler's step. Collective with the engine's
+// other ranks (one traversal). Throws BlockComputeError when the job's own computation failed,
+// anywhere in the step: the traversal was completed (as a ghost where needed), so the engine and
+// the other ranks are still in step and only this job fails. Any other exception comes from the
+// transfers: the collective is out of step and every rank must end.
+void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook = {});
+
+// Opens the sink of a job's frames (width, height, frames); may throw (the job then fails).
+using SinkFactory = std::function<std::unique_ptr<FrameSink>(const JobSpec& job, std::int64_t width,
+                                                             std::int64_t height, std::int64_t frames)>;
+// Keeps a job's final latents before decoding. Unset: a job with save_latents set writes them as
+// .safetensors with the job's parameters as metadata.
+using LatentsKeeper = std::function<void(const BatchJob& job, const at::Tensor& latents)>;
+
+// finish: the latents kept (keeper, or save_latents), decoded chunk by chunk by `vae` into uint8
+// frames, each into the sink (if any) and the frames' sha256; the output's size recorded. A
+// failure fails the job (recorded in run.result); the sink then leaves nothing finished.
+void finish_job(JobRun& run, const WanVae& vae, const ModelInfo& model, const SinkFactory& open_sink,
+                const LatentsKeeper& keep_latents);
+
+}  // namespace dlo

@@ -1,0 +1,253 @@
+// The job-field table (config/job.h): one row per field drives parsing, checks, JSON, the
+// parameters recorded with a video, what the fingerprint covers, the flags and the schema in
+// docs/manifest.md. These tests hold the rows to that: the doc equals the table, every value
+// parses and is checked with its message, a job survives the JSON round trip field by field, and
+// every field the table marks as deciding the output changes what the fingerprint covers.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/test_util.h"
+#include "dlo/config/job.h"
+
+namespace {
+
+const dlo::OutputFormatNames kFormats = {{"mp4", ".mp4"}, {"png", ""}, {"ffv1", ".mkv"}};
+
+dlo::ModelInfo tiny_model() {
+  dlo::ModelInfo info;
+  info.dir = "m";
+  info.transformer = dlo::WanTransformerConfig::preset("wan-test");  // rope_max_seq_len 32
+  return info;
+}
+
+std::string problem_of(const std::string& key, const std::string& text) {
+  std::string p;
+  const auto v = dlo::parse_job_field(*dlo::find_job_field(key), text, kFormats, &p);
+  return v ? "(parsed)" : p;
+}
+
+// A valid value of `f` different from the job's (for the "changes the output" checks).
+dlo::JobFieldValue other_value(const dlo::JobField& f, const dlo::JobSpec& job) {
+  const auto now = f.get(job);
+  switch (f.type) {
+    case dlo::JobFieldType::kText: {
+      std::vector<std::string> names = f.choices;
+      if (f.app_choices)
+        for (const auto& fmt : kFormats) names.push_back(fmt.name);
+      const std::string cur = now ? std::get<std::string>(*now) : "";
+      // From the end: the first choice is the default (the folder's UniPC, mp4), which an unset
+      // field already means.
+      for (auto n = names.rbegin(); n != names.rend(); ++n)
+        if (*n != cur) return *n;
+      return cur + "x";
+    }
+    case dlo::JobFieldType::kSeed: return std::get<std::uint64_t>(*now) + 1;
+    case dlo::JobFieldType::kInteger: {
+      const std::int64_t v = std::get<std::int64_t>(*now);
+      if (f.key == "height" || f.key == "width") return v + 16;
+      if (f.key == "frames") return v + 4;
+      return v + 1;
+    }
+    case dlo::JobFieldType::kNumber: return (now ? std::get<double>(*now) : 3.0) + 0.5;
+  }
+  return std::string();
+}
+
+}  // namespace
+
+TEST_CASE("the table: unique keys and flags, a flag for every command-line field, checks that accept the defaults") {
+  std::set<std::string> keys, flags;
+  const dlo::JobSpec defaults;
+  for (const auto& f : dlo::job_fields()) {
+    CAPTURE(f.key);
+    CHECK(keys.insert(f.key).second);
+    if (!f.flag.empty()) CHECK(flags.insert(f.flag).second);
+    CHECK((f.flag.empty() == !(f.from(dlo::kFromBatchFlag) || f.from(dlo::kFromPromptFlag))));
+    CHECK(!f.help.empty());
+    CHECK(f.get);
+    CHECK(f.set);
+    // Every built-in value passes its own check (what is unset is optional).
+    if (const auto v = f.get(defaults); v && f.key != "format" && f.key != "output" && f.key != "prompt")
+      CHECK(dlo::check_job_field(f, *v, kFormats) == "");
+  }
+  CHECK(dlo::find_job_field("steps") != nullptr);
+  CHECK(dlo::find_job_field("step") == nullptr);
+}
+
+TEST_CASE("docs/manifest.md shows the table as job_fields_markdown() writes it") {
+  std::ifstream in(std::string(DLO_SOURCE_DIR) + "/docs/manifest.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const std::string begin = "<!-- job-fields: begin (generated: dlo-generate --help-fields) -->\n";
+  const std::string end = "<!-- job-fields: end -->";
+  const auto a = doc.find(begin), b = doc.find(end);
+  REQUIRE_MESSAGE(a != std::string::npos, "docs/manifest.md lacks the marker " << begin);
+  REQUIRE(b != std::string::npos);
+  const std::string shown = doc.substr(a + begin.size(), b - a - begin.size());
+  CHECK_MESSAGE(shown == dlo::job_fields_markdown(),
+                "docs/manifest.md's job-field table differs from the table in lib/dlo/config/job.cpp; replace it with "
+                "the output of `build/bin/dlo-generate --help-fields`:\n"
+                    << dlo::job_fields_markdown());
+}
+
+TEST_CASE("values parse as the table's types, with the messages the manifest and the flags show") {
+  CHECK(problem_of("steps", "10") == "(parsed)");
+  CHECK(problem_of("steps", "0") == "must be >= 1, got 0");
+  CHECK(problem_of("steps", "1000000000") == "must be at most 10000, got 1000000000");
+  CHECK(problem_of("steps", "ten") == "must be an integer, got 'ten'");
+  CHECK(problem_of("steps", "99999999999999999999") == "out of range, got 99999999999999999999");
+  CHECK(problem_of("height", "0") == "must be positive, got 0");
+  CHECK(problem_of("height", "1099511627776") == "must be at most 65536, got 1099511627776");
+  CHECK(problem_of("seed", "-1") == "must be >= 0 (a seed is 0 .. 18446744073709551615), got -1");
+  CHECK(problem_of("seed", "18446744073709551615") == "(parsed)");
+  CHECK(problem_of("seed", "18446744073709551616") ==
+        "out of range (a seed is 0 .. 18446744073709551615), got 18446744073709551616");
+  CHECK(problem_of("guidance", ".inf") == "must be a finite number, got '.inf'");
+  CHECK(problem_of("guidance", "1.5.5") == "must be a number, got '1.5.5'");
+  CHECK(problem_of("flow_shift", "-2") == "must be a positive number, got -2");
+  CHECK(problem_of("fps", "500") == "must be in 1..240, got 500");
+  CHECK(problem_of("crf", "52") == "must be in 0..51 (libx264), got 52");
+  CHECK(problem_of("format", "gif") == "'gif' is not mp4, png or ffv1");
+  CHECK(problem_of("scheduler", "ddim") == "unknown noise scheduler 'ddim' (unipc, euler)");
+  CHECK(problem_of("id", "../x") ==
+        "'../x' is not a safe file name: use 1..128 of A-Z a-z 0-9 . _ -, not starting with '.' or '-'");
+  CHECK(problem_of("prompt", std::string("a\0b", 3)) == "holds a NUL byte");
+  CHECK(problem_of("prompt", "caf\xc3") == "is not valid UTF-8 (byte 3)");
+  CHECK(problem_of("output", "") == "is empty");
+  CHECK(problem_of("preset", "") == "is empty");
+}
+
+TEST_CASE("validate_job: every problem of a job, each with its field and why, in the table's order") {
+  const dlo::ModelInfo info = tiny_model();
+  dlo::JobSpec job;
+  job.output = "x.mp4";
+  job.format = "mp4";
+  job.height = 64;
+  job.width = 64;
+  job.frames = 5;
+  CHECK(dlo::validate_job(job, info, kFormats).empty());
+  job.height = 500;
+  job.width = 0;
+  job.frames = 80;
+  job.steps = 0;
+  job.crf = 52;
+  job.fps = 0;
+  job.flow_shift = -1.0;
+  job.format = "gif";
+  const auto e = dlo::validate_job(job, info, kFormats);
+  REQUIRE(e.size() == 8);
+  CHECK(e[0].field == "steps");
+  CHECK(e[0].message == "must be >= 1, got 0");
+  CHECK(e[1].field == "height");
+  CHECK(e[1].message == "500 is not a multiple of 16 (the VAE's spatial factor 8 x the transformer's patch 2); e.g. 496");
+  CHECK(e[2].field == "width");
+  CHECK(e[2].message == "must be positive, got 0");
+  CHECK(e[3].field == "frames");
+  CHECK(e[3].message == "80 is not of the form 4k+1 (e.g. 77; Wan's default is 81)");
+  CHECK(e[4].field == "fps");
+  CHECK(e[5].field == "flow_shift");
+  CHECK(e[6].field == "format");
+  CHECK(e[6].message == "'gif' is not mp4, png or ffv1");
+  CHECK(e[7].field == "crf");
+}
+
+TEST_CASE("validate_job: a latent grid beyond the transformer's RoPE table is refused before any weight is read") {
+  const dlo::ModelInfo info = tiny_model();  // rope_max_seq_len 32: 32 patches of 16 pixels per side
+  dlo::JobSpec job;
+  job.output = "x.mp4";
+  job.format = "mp4";
+  job.height = 512;
+  job.width = 528;
+  job.frames = 5;
+  const auto e = dlo::validate_job(job, info, kFormats);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].field == "width");
+  CHECK(e[0].message ==
+        "528 makes 33 latent patches across, more than the transformer's RoPE covers (rope_max_seq_len 32): at most 512");
+  job.width = 512;
+  job.frames = 129;  // 33 latent frames
+  const auto f = dlo::validate_job(job, info, kFormats);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].field == "frames");
+}
+
+TEST_CASE("a job survives the JSON plan round trip, field by field") {
+  dlo::JobSpec job;
+  for (const auto& f : dlo::job_fields()) f.set(job, other_value(f, job));
+  job.save_latents = "l.safetensors";
+  const auto back = dlo::jobs_from_json(dlo::jobs_to_json({job, dlo::JobSpec{}}));
+  REQUIRE(back.size() == 2);
+  for (const auto& f : dlo::job_fields()) {
+    CAPTURE(f.key);
+    CHECK((f.get(back[0]) == f.get(job)));
+    CHECK((f.get(back[1]) == f.get(dlo::JobSpec{})));
+  }
+  CHECK(dlo::test::error_of([] { dlo::jobs_from_json("[{\"id\": 3}]"); }).find("a job list that is not valid JSON") == 0);
+}
+
+TEST_CASE("what the fingerprint covers: every field that decides the output changes it, the others do not") {
+  const dlo::ModelInfo info = tiny_model();
+  dlo::JobSpec base;
+  base.format = "mp4";
+  base.output = "a.mp4";
+  const std::string fp0 = dlo::job_output_fields_json(base, info);
+  for (const auto& f : dlo::job_fields()) {
+    CAPTURE(f.key);
+    dlo::JobSpec changed = base;
+    f.set(changed, other_value(f, base));
+    const bool decides = f.effect != dlo::JobFieldEffect::kNone;
+    CHECK((dlo::job_output_fields_json(changed, info) != fp0) == decides);
+  }
+  // Effective values: without guidance the negative prompt decides nothing; an unset scheduler is
+  // the folder's, so naming the folder's explicitly is the same job.
+  dlo::JobSpec off = base;
+  off.guidance = 1.0;
+  dlo::JobSpec off_neg = off;
+  off_neg.negative_prompt = "blurry";
+  CHECK(dlo::job_output_fields_json(off, info) == dlo::job_output_fields_json(off_neg, info));
+  dlo::JobSpec named = base;
+  named.scheduler = dlo::NoiseSchedulerKind::kUniPC;
+  named.flow_shift = 3.0;
+  CHECK(dlo::job_output_fields_json(named, info) == dlo::job_output_fields_json(base, info));
+}
+
+TEST_CASE("resolve_job: the first layer that has a field wins; the format defaults to the app's first") {
+  const std::map<std::string, dlo::JobFieldValue> job = {{"steps", std::int64_t{3}}};
+  const std::map<std::string, dlo::JobFieldValue> flags = {{"steps", std::int64_t{7}}, {"crf", std::int64_t{18}}};
+  const std::map<std::string, dlo::JobFieldValue> defaults = {{"crf", std::int64_t{30}}, {"fps", std::int64_t{24}}};
+  std::set<std::string> given;
+  const dlo::JobSpec j = dlo::resolve_job({&job, &flags, &defaults}, kFormats, &given);
+  CHECK(j.steps == 3);
+  CHECK(j.crf == 18);
+  CHECK(j.fps == 24);
+  CHECK(j.frames == 81);
+  CHECK(j.format == "mp4");
+  CHECK((given == std::set<std::string>{"steps", "crf", "fps"}));
+}
+
+TEST_CASE("the parameters recorded with a video are the fields marked so, with their effective values") {
+  const dlo::ModelInfo info = tiny_model();
+  dlo::JobSpec job;
+  job.id = "fox";
+  job.guidance = 1.0;
+  job.negative_prompt = "ignored without guidance";
+  const auto j = nlohmann::ordered_json::parse(dlo::job_parameters_json(job, info));
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : j.items()) keys.push_back(k);
+  std::vector<std::string> want;  // in the table's order, then the model and dlo's version
+  for (const auto& f : dlo::job_fields())
+    if (f.in_parameters) want.push_back(f.key);
+  want.push_back("model");
+  want.push_back("dlo_version");
+  CHECK(keys == want);
+  CHECK(j["negative_prompt"] == "");
+  CHECK(j["scheduler"] == "unipc");
+  CHECK(j["flow_shift"] == 3.0);
+  CHECK(j["model"] == "m");
+}

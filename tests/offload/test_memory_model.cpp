@@ -1,0 +1,148 @@
+// The one memory model (offload/memory_model.h): what --dry-run prints is what auto decides with,
+// the stack sizes from the config equal the engine's plan of a real checkpoint, a job that fits
+// no strategy fails alone, and absurd sizes saturate instead of wrapping to a figure that fits.
+#include "common/doctest_torch.h"
+
+#include <filesystem>
+
+#include "common/test_util.h"
+#include "dlo/common/checked.h"
+#include "dlo/common/error.h"
+#include "dlo/models/wan_transformer.h"
+#include "dlo/offload/memory_model.h"
+#include "dlo/offload/runner.h"
+#include "dlo/testing/make_model.h"
+
+using namespace dlo;
+
+namespace {
+
+constexpr std::uint64_t GB = 1000ull * 1000 * 1000;
+
+// A model of config `c` whose text encoder and VAE folders exist (their checkpoint sizes are read).
+ModelInfo info_of(const WanTransformerConfig& c) {
+  static const dlo::test::TempDir dir;
+  std::filesystem::create_directories(dir.file("text_encoder"));
+  std::filesystem::create_directories(dir.file("vae"));
+  ModelInfo m;
+  m.dir = dir.path().string();
+  m.transformer = c;
+  m.vae = WanVaeConfig::preset("wan2.1-vae");
+  return m;
+}
+
+JobSpec job(std::int64_t h, std::int64_t w, std::int64_t frames, double guidance = 5.0) {
+  JobSpec j;
+  j.height = h;
+  j.width = w;
+  j.frames = frames;
+  j.guidance = guidance;
+  j.id = "j" + std::to_string(h);
+  return j;
+}
+
+MemoryBudget gpu(std::uint64_t device, std::uint64_t host) {
+  MemoryBudget b;
+  b.device_is_host = false;
+  b.device = device;
+  b.device_why = "test";
+  b.host = host;
+  b.host_why = "test";
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("the stack from the config equals the engine's plan of a checkpoint of that config, at 1-4 ranks") {
+  dlo::test::TempDir d;
+  WanTransformerConfig c = WanTransformerConfig::preset("wan-test");
+  c.num_layers = 3;
+  c.attention_head_dim = 18;  // odd tensor sizes: alignment and padding matter
+  c.ffn_dim = 40;
+  for (const auto& [weights, compute] : {std::pair{DType::F32, at::kBFloat16}, std::pair{DType::BF16, at::kFloat},
+                                         std::pair{DType::BF16, at::kBFloat16}}) {
+    write_random_wan_transformer(d.file("t"), c, weights, 1, 0);
+    const WanTransformer model = WanTransformer::load(d.file("t"), compute, /*load_blocks=*/false);
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+      CAPTURE(ranks);
+      const WanOffloadRunner runner(model, ranks);
+      const StackSize real = stack_size(runner.plan());
+      const StackSize from_config = config_stack_size(c, compute, ranks);
+      CHECK(from_config.block_bytes == real.block_bytes);
+      CHECK(from_config.shard_bytes == real.shard_bytes);
+      CHECK(from_config.slot_bytes == real.slot_bytes);
+      CHECK(from_config.ranks == real.ranks);
+    }
+  }
+}
+
+TEST_CASE("a job's working memory is the counted forward's, and absurd sizes saturate") {
+  const ModelInfo m = info_of(WanTransformerConfig::preset("wan2.1-t2v-1.3b"));
+  const JobMemory j = job_memory(m, job(480, 832, 81), at::kBFloat16);
+  CHECK(j.working == 3039934976ULL);  // test_strategy counts this figure by hand
+  CHECK(j.decode > 0);
+  const JobMemory big = job_memory(m, job(std::int64_t{1} << 40, std::int64_t{1} << 40, 5), at::kBFloat16);
+  CHECK(big.decode == kSaturated);  // not 0 B, as the unchecked product gave
+  CHECK(big.working == kSaturated);
+}
+
+TEST_CASE("the batch's strategy is auto's for the largest job that fits; a job that fits no strategy fails alone") {
+  const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
+  const ModelInfo m = info_of(c);
+  const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
+  const MemoryBudget budget = gpu(80 * GB, 200 * GB);
+  const std::vector<JobSpec> jobs = {job(480, 832, 81), job(16384, 16384, 1001), job(256, 256, 17)};
+  const BatchMemoryPlan p = plan_batch_memory(m, jobs, "auto", stack, budget, at::kBFloat16);
+  REQUIRE(p.refused == std::vector<std::int64_t>{1});
+  CHECK(p.refused_why[0].find("one step needs about") == 0);
+  CHECK(p.refused_why[0].find("more than the device budget") != std::string::npos);
+  // The same choice as auto makes for the largest job left.
+  const StrategyChoice direct = choose_strategy("auto", stack, job_memory(m, jobs[0], at::kBFloat16).working, budget);
+  CHECK(p.choice.strategy == direct.strategy);
+  CHECK(p.choice.reason == direct.reason);
+  CHECK(p.working == job_memory(m, jobs[0], at::kBFloat16).working);
+  CHECK(p.choice.strategy == Strategy::kResident);  // 1.3B in bf16 fits 80 GB whole
+  CHECK(p.describe().find("job 1 does not fit") != std::string::npos);
+  // Nothing fits: the batch is refused before work, naming the job.
+  const std::string err = dlo::test::error_of([&] {
+    plan_batch_memory(m, {jobs[1]}, "auto", stack, budget, at::kBFloat16);
+  });
+  CHECK_MESSAGE(err.find("no job of the batch fits in memory; the smallest, job 0 ('j16384'), needs about") == 0, err);
+}
+
+TEST_CASE("the per-job rule is choose_strategy's: a job just inside the device budget fits, just outside not") {
+  const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
+  const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
+  JobMemory j;
+  j.working = 10 * GB;
+  const StrategyChoice dlo{Strategy::kDlo, 0, ""};
+  const std::uint64_t slots = 2 * stack.slot_bytes;
+  // Device: 2 slots + working, with the 10% margin.
+  CHECK(job_memory_problem(dlo, stack, j, gpu(with_margin(slots + j.working), 100 * GB)) == "");
+  CHECK(job_memory_problem(dlo, stack, j, gpu(with_margin(slots + j.working) - 1, 100 * GB)) != "");
+  // Host: the shards and the decode.
+  j.decode = 5 * GB;
+  CHECK(job_memory_problem(dlo, stack, j, gpu(100 * GB, with_margin(stack.shards_total() + j.decode))) == "");
+  CHECK(job_memory_problem(dlo, stack, j, gpu(100 * GB, with_margin(stack.shards_total() + j.decode) - 1))
+            .find("its VAE decode needs about") == 0);
+  // On the CPU resident blocks are one page-cache copy per node; each rank adds its work.
+  MemoryBudget cpu;
+  cpu.ranks_per_node = 2;
+  cpu.host = 20 * GB;
+  cpu.host_why = "test";
+  const StrategyChoice resident{Strategy::kResident, 0, ""};
+  const std::uint64_t per_rank = j.working + j.decode;
+  cpu.host = (with_margin(stack.total() + 2 * per_rank) + 1) / 2;
+  CHECK(job_memory_problem(resident, stack, j, cpu) == "");
+  cpu.host = with_margin(stack.total() + 2 * per_rank) / 2 - 1;
+  CHECK(job_memory_problem(resident, stack, j, cpu) != "");
+}
+
+TEST_CASE("a saturated figure never fits, whatever the budget (no wrap-around)") {
+  const WanTransformerConfig c = WanTransformerConfig::preset("wan-test");
+  const StackSize stack = config_stack_size(c, at::kFloat, 1);
+  JobMemory j;
+  j.working = kSaturated;
+  CHECK(job_memory_problem({Strategy::kResident, 0, ""}, stack, j, gpu(kSaturated - 1, kSaturated - 1)) != "");
+  CHECK_THROWS_AS(choose_strategy("auto", stack, kSaturated, gpu(1000 * GB, 1000 * GB)), dlo::Error);
+}

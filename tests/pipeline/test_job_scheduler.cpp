@@ -1,0 +1,272 @@
+// The job scheduler alone (no MPI, no model): a small simulation of the ranks drives it as
+// render/generate does (reports at each boundary, the decision applied, one traversal) and checks
+// every decision against what the batch must do: assignment in order to the ranks that ask, mixed
+// step counts, failed jobs, a stop, the tail, and the same decision on every rank.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "dlo/pipeline/job_scheduler.h"
+
+namespace {
+
+using dlo::JobScheduler;
+using dlo::PassDecision;
+using dlo::RankReport;
+
+// The ranks of a batch as render/generate drives them, with a JobScheduler per rank fed the same
+// reports (as every rank does after the exchange).
+struct Sim {
+  struct Rank {
+    std::int64_t current = -1, steps_done = 0, next = -1;
+    bool stop = false;
+    std::int64_t pending = 0;
+  };
+  std::vector<std::int64_t> steps;
+  std::vector<Rank> ranks;
+  std::vector<JobScheduler> schedulers;
+  std::vector<int> taken_by;           // per job: the rank it was given to
+  std::vector<std::int64_t> computed;  // per job: steps computed
+  std::set<std::int64_t> fail_in_prepare;  // jobs whose preparation fails
+  std::int64_t passes = 0, traversals = 0;
+
+  Sim(std::vector<std::int64_t> s, int n) : steps(std::move(s)), ranks(static_cast<std::size_t>(n)) {
+    for (int r = 0; r < n; ++r) schedulers.emplace_back(steps, n);
+    taken_by.assign(steps.size(), -1);
+    computed.assign(steps.size(), 0);
+    std::vector<std::vector<dlo::JobAssignment>> all;
+    for (auto& s2 : schedulers) all.push_back(s2.initial_assignments());
+    for (const auto& a : all[0]) give(a);
+    for (const auto& a : all) CHECK(a.size() == all[0].size());
+  }
+
+  void give(const dlo::JobAssignment& a) {
+    REQUIRE(a.ranks.size() == 1);
+    const int r = a.ranks[0];
+    CHECK(taken_by[static_cast<std::size_t>(a.job)] == -1);  // never given twice
+    taken_by[static_cast<std::size_t>(a.job)] = r;
+    CHECK(ranks[static_cast<std::size_t>(r)].next == -1);
+    ranks[static_cast<std::size_t>(r)].next = a.job;
+  }
+
+  // One boundary and (if decided) one traversal. Returns the decision.
+  PassDecision pass() {
+    std::vector<RankReport> reports;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      Rank& k = ranks[r];
+      if (k.current < 0 && k.next >= 0) {  // prepared: promote (or drop a failed preparation)
+        if (fail_in_prepare.count(k.next)) {
+          ++k.pending;
+          k.next = -1;
+        } else {
+          k.current = k.next, k.steps_done = 0, k.next = -1;
+        }
+      }
+      RankReport rep;
+      dlo::AskInputs ask;
+      ask.has_current = k.current >= 0;
+      ask.has_next = k.next >= 0;
+      ask.current_steps_left = k.current >= 0 ? steps[static_cast<std::size_t>(k.current)] - k.steps_done : 0;
+      rep.wants_job = schedulers[r].should_ask(ask);
+      rep.stop = k.stop;
+      rep.pending_results = k.pending;
+      rep.current = k.current;
+      rep.steps_done = k.steps_done;
+      rep.next = k.next;
+      // Through the exchange's wire format.
+      std::int64_t words[RankReport::kWords];
+      rep.encode(words);
+      reports.push_back(RankReport::decode(words));
+    }
+    std::vector<PassDecision> ds;
+    for (auto& s : schedulers) ds.push_back(s.schedule(reports));
+    for (const auto& d : ds) {  // every rank decided the same
+      CHECK(d.pass == ds[0].pass);
+      CHECK(d.stop == ds[0].stop);
+      CHECK(d.finished == ds[0].finished);
+      CHECK(d.traverse == ds[0].traverse);
+      CHECK(d.collect_results == ds[0].collect_results);
+      CHECK(d.assignments.size() == ds[0].assignments.size());
+      CHECK(d.rank_job == ds[0].rank_job);
+    }
+    const PassDecision& d = ds[0];
+    if (d.collect_results)
+      for (auto& k : ranks) k.pending = 0;
+    if (d.stop) return d;
+    for (const auto& a : d.assignments) give(a);
+    if (d.finished || !d.traverse) return d;
+    ++traversals;
+    for (auto& k : ranks) {
+      if (k.current < 0) continue;
+      ++computed[static_cast<std::size_t>(k.current)];
+      if (++k.steps_done == steps[static_cast<std::size_t>(k.current)]) {
+        k.current = -1;
+        ++k.pending;  // decoded behind, its result reported
+      }
+    }
+    ++passes;
+    return d;
+  }
+
+  // Until the batch is finished (bounded).
+  void run() {
+    for (int guard = 0; guard < 10000; ++guard)
+      if (pass().finished) return;
+    FAIL("the batch never finished");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the first jobs go to ranks 0, 1, ... before the wave; never more than there are jobs") {
+  JobScheduler s({5, 5, 5, 5, 5}, 2);
+  const auto a = s.initial_assignments();
+  REQUIRE(a.size() == 2);
+  CHECK(a[0].job == 0);
+  CHECK(a[0].ranks == std::vector<int>{0});
+  CHECK(a[1].job == 1);
+  CHECK(a[1].ranks == std::vector<int>{1});
+  CHECK(s.state(0) == dlo::JobState::kAssigned);
+  CHECK(s.state(2) == dlo::JobState::kQueued);
+  JobScheduler few({3, 3}, 4);
+  CHECK(few.initial_assignments().size() == 2);
+}
+
+TEST_CASE("a batch of equal jobs: every job once, every step computed, both ranks busy every pass") {
+  Sim sim({4, 4, 4, 4, 4, 4}, 2);
+  sim.run();
+  for (std::size_t j = 0; j < sim.steps.size(); ++j) {
+    CAPTURE(j);
+    CHECK(sim.taken_by[j] >= 0);
+    CHECK(sim.computed[j] == sim.steps[j]);
+  }
+  CHECK(sim.traversals == 12);  // 24 steps on 2 ranks, no idle pass
+}
+
+TEST_CASE("mixed step counts: a rank whose job ends takes the next; no rank waits behind a longer job") {
+  // Rank 0 gets a 20-step job; rank 1 works through the short ones meanwhile.
+  Sim sim({20, 2, 2, 2, 2, 2, 2, 2, 2, 2}, 2);
+  sim.run();
+  for (std::size_t j = 0; j < sim.steps.size(); ++j) CHECK(sim.computed[j] == sim.steps[j]);
+  int on_rank1 = 0;
+  for (std::size_t j = 1; j < sim.steps.size(); ++j) on_rank1 += sim.taken_by[j] == 1;
+  CHECK(on_rank1 >= 8);             // the short jobs went to the free rank
+  CHECK(sim.traversals <= 21 + 1);  // bounded by the longest chain, not by the sum of steps
+}
+
+TEST_CASE("jobs are handed out in order, to the asking ranks in rank order") {
+  Sim sim({1, 1, 1, 1, 1, 1, 1, 1, 1}, 3);
+  std::vector<std::int64_t> order;
+  std::vector<int> to;
+  for (int guard = 0; guard < 100; ++guard) {
+    const PassDecision d = sim.pass();
+    for (const auto& a : d.assignments) {
+      order.push_back(a.job);
+      to.push_back(a.ranks[0]);
+    }
+    if (d.finished) break;
+  }
+  for (std::size_t i = 1; i < order.size(); ++i) CHECK(order[i] == order[i - 1] + 1);
+  CHECK(order.front() == 3);  // 0..2 went out before the wave
+}
+
+TEST_CASE("a job whose preparation fails is finished; its rank asks again and the batch goes on") {
+  Sim sim({3, 3, 3, 3}, 2);
+  sim.fail_in_prepare = {1};
+  sim.run();
+  CHECK(sim.computed[1] == 0);
+  CHECK(sim.computed[0] == 3);
+  CHECK(sim.computed[2] == 3);
+  CHECK(sim.computed[3] == 3);
+  CHECK(sim.schedulers[0].state(1) == dlo::JobState::kFinished);
+}
+
+TEST_CASE("a stop on any rank stops every rank at the boundary, without handing out jobs") {
+  Sim sim({5, 5, 5, 5}, 2);
+  sim.pass();
+  sim.pass();
+  sim.ranks[1].stop = true;
+  const PassDecision d = sim.pass();
+  CHECK(d.stop);
+  CHECK(d.assignments.empty());
+  CHECK_FALSE(d.finished);
+}
+
+TEST_CASE("results waiting anywhere make every rank join the gather to rank 0") {
+  Sim sim({1, 1}, 2);
+  PassDecision d = sim.pass();  // both compute their one step
+  CHECK_FALSE(d.collect_results);
+  d = sim.pass();  // the two results are pending now
+  CHECK(d.collect_results);
+}
+
+TEST_CASE("the tail: with fewer jobs left than ranks a rank asks only when its job is about to end") {
+  JobScheduler s({10, 10, 10}, 2);
+  (void)s.initial_assignments();
+  dlo::AskInputs in;
+  in.has_current = true;
+  in.current_steps_left = 9;
+  CHECK_FALSE(s.should_ask(in));  // 1 job left for 2 ranks: not yet
+  in.current_steps_left = 1;
+  CHECK(s.should_ask(in));        // its last step
+  in.step_s = 1.0;
+  in.text_s = 2.5;
+  in.current_steps_left = 3;
+  CHECK(s.should_ask(in));        // 3 steps of 1 s <= preparing (2.5 s) + one step
+  in.current_steps_left = 4;
+  CHECK_FALSE(s.should_ask(in));
+  in.has_next = true;
+  in.current_steps_left = 0;
+  CHECK_FALSE(s.should_ask(in));  // never while a prepared job waits
+  dlo::AskInputs idle;
+  CHECK(s.should_ask(idle));      // a rank without work always asks
+  JobScheduler many({1, 1, 1, 1, 1, 1}, 2);
+  (void)many.initial_assignments();
+  const dlo::AskInputs busy{true, false, 9, 0, 0};
+  CHECK(many.should_ask(busy));   // more jobs waiting than ranks: ask at once
+}
+
+TEST_CASE("the tail ends: fewer jobs than ranks finish, then the batch is finished everywhere") {
+  Sim sim({2}, 3);  // one job, three ranks: two ghost ranks
+  sim.run();
+  CHECK(sim.computed[0] == 2);
+  CHECK(sim.traversals == 2);
+}
+
+TEST_CASE("steps left and the ETA follow the reports") {
+  JobScheduler s({4, 6}, 2);
+  (void)s.initial_assignments();
+  CHECK(s.steps_left() == 10);
+  CHECK(s.eta_s(0) == -1);
+  std::vector<RankReport> r(2);
+  r[0].current = 0, r[0].steps_done = 1;
+  r[1].current = 1, r[1].steps_done = 2;
+  s.schedule(r);
+  CHECK(s.steps_left() == 3 + 4);
+  CHECK(s.eta_s(2.0) == doctest::Approx(7 * 2.0 / 2));
+  r[0] = RankReport{};  // job 0 is done
+  s.schedule(r);
+  CHECK(s.state(0) == dlo::JobState::kFinished);
+  CHECK(s.steps_left() == 4);
+}
+
+TEST_CASE("a report survives the exchange's integers") {
+  RankReport r;
+  r.wants_job = true;
+  r.stop = true;
+  r.pending_results = 3;
+  r.current = 7;
+  r.steps_done = 12;
+  r.next = 9;
+  std::int64_t w[RankReport::kWords];
+  r.encode(w);
+  const RankReport b = RankReport::decode(w);
+  CHECK(b.wants_job);
+  CHECK(b.stop);
+  CHECK(b.pending_results == 3);
+  CHECK(b.current == 7);
+  CHECK(b.steps_done == 12);
+  CHECK(b.next == 9);
+}

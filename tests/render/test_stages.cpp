@@ -1,0 +1,159 @@
+// The render stages against WanPipeline, step by step (tests/data/goldens/wan_pipeline_steps.safetensors,
+// made by tools/reference/make_pipeline_goldens.py): the prompt and negative-prompt contexts the
+// transformer gets, the initial latents, every step's timestep and latents, and the final frames,
+// for a tiny fp32 model. fp32 on the CPU is bitwise equal to diffusers, so every comparison is
+// exact: a wrong guidance base, another step's timestep, the positive prompt's context used for
+// the negative branch, a scheduler step off by one, each fails here at the step where it happens.
+#include "common/doctest_torch.h"
+
+#include <ATen/Parallel.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/test_util.h"
+#include "dlo/common/error.h"
+#include "dlo/io/safetensors.h"
+#include "dlo/models/tensor_view.h"
+#include "dlo/models/wan_transformer.h"
+#include "dlo/models/wan_vae.h"
+#include "dlo/offload/runner.h"
+#include "dlo/render/prompt_encoder.h"
+#include "dlo/render/stages.h"
+#include "dlo/testing/make_model.h"
+
+namespace {
+
+using dlo::test::TempDir;
+
+const dlo::Checkpoint& goldens() {
+  static const dlo::Checkpoint ck = dlo::Checkpoint::open(std::string(DLO_GOLDEN_DIR) + "/wan_pipeline_steps.safetensors");
+  return ck;
+}
+
+at::Tensor golden(const std::string& name) { return dlo::tensor_view(goldens(), name).clone(); }
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a, b);
+}
+
+// The model folder the goldens were made from: dlo-checkpoint make DIR --preset wan-test --layers 2
+// --dtype fp32 --seed 3 (the metadata's "make_args"), checked by the sum of its transformer weights.
+std::string make_golden_model(const TempDir& d) {
+  const auto& meta = goldens().metadata();
+  REQUIRE(nlohmann::json::parse(meta.at("make_args")) ==
+          nlohmann::json::parse(R"(["--preset", "wan-test", "--layers", "2", "--dtype", "fp32", "--seed", "3"])"));
+  dlo::MakeModelOptions o;
+  o.dtype = dlo::DType::F32;
+  o.seed = 3;
+  o.transformer.num_layers = 2;
+  const std::string dir = d.file("model");
+  dlo::make_model(dir, o);
+  const dlo::Checkpoint ck = dlo::Checkpoint::open(dir + "/transformer");
+  double sum = 0;
+  for (const dlo::TensorInfo* t : ck.tensors()) sum += dlo::tensor_view(ck, *t).to(at::kDouble).sum().item<double>();
+  const double want = std::stod(meta.at("weights_sum"));
+  REQUIRE_MESSAGE(std::abs(sum - want) <= 1e-9 * std::abs(want),
+                  "the random writers changed (transformer weights sum " << sum << ", the goldens' " << want
+                                                                          << "): regenerate with make_pipeline_goldens.py");
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("every stage of WanPipeline, step by step: contexts, latents, timesteps, guidance, frames (fp32, bitwise)") {
+  at::set_num_threads(1);
+  TempDir d;
+  const std::string dir = make_golden_model(d);
+  const dlo::ModelInfo info = dlo::read_model_info(dir);
+  const dlo::PromptEncoder text(dir, at::kFloat);
+  const dlo::WanTransformer transformer = dlo::WanTransformer::load(dir + "/transformer", at::kFloat, false);
+  dlo::WanOffloadRunner runner(transformer, 1);
+  runner.start(dlo::EngineOptions{});  // resident at one rank
+  const dlo::WanVae vae = dlo::WanVae::load(dir + "/vae", at::kFloat);
+
+  for (const auto& name : nlohmann::json::parse(goldens().metadata().at("cases"))) {
+    const std::string c = name.get<std::string>();
+    CAPTURE(c);
+    const auto m = nlohmann::json::parse(goldens().metadata().at(c));
+    dlo::BatchJob job;
+    job.spec.id = c;
+    job.spec.prompt = m["prompt"];
+    job.spec.negative_prompt = m["negative_prompt"];
+    job.spec.guidance = m["guidance"];
+    job.spec.steps = m["steps"];
+    job.spec.height = m["height"];
+    job.spec.width = m["width"];
+    job.spec.frames = m["frames"];
+    job.spec.seed = m["seed"];
+    job.spec.scheduler = dlo::parse_noise_scheduler_kind(m["scheduler"]);
+    job.spec.flow_shift = m["flow_shift"].get<double>();
+    dlo::JobRun run(job, info, 0);
+
+    dlo::prepare_job(run, text, info, at::kFloat, at::kCPU);
+    CHECK(same(run.context, golden(c + ".prompt_embeds")));
+    if (job.spec.guided()) CHECK(same(run.negative_context, golden(c + ".negative_prompt_embeds")));
+    CHECK(same(run.latents, golden(c + ".latents_init")));
+
+    for (std::int64_t i = 0; i < job.spec.steps; ++i) {
+      CAPTURE(i);
+      const at::Tensor t = run.scheduler->timesteps()[i].to(at::kFloat).reshape({1});
+      CHECK(same(t, golden(c + ".timestep_" + std::to_string(i))));
+      dlo::denoise_step(runner, run, at::kFloat);
+      ++run.steps_done;
+      REQUIRE_MESSAGE(same(run.latents, golden(c + ".latents_" + std::to_string(i))),
+                      "latents after step " << i << " differ from WanPipeline's: max |diff| "
+                                            << (run.latents - golden(c + ".latents_" + std::to_string(i))).abs().max().item<float>());
+    }
+
+    dlo::finish_job(run, vae, info, {}, {});
+    REQUIRE_MESSAGE(!run.failed(), run.result.error);
+    CHECK(run.result.frames_sha256 == m["frames_sha256"].get<std::string>());
+    const at::Tensor frames = golden(c + ".frames");
+    CHECK(run.result.frames == frames.size(0));
+    CHECK(run.result.height == frames.size(1));
+    CHECK(run.result.width == frames.size(2));
+  }
+}
+
+TEST_CASE("a step whose computation fails throws BlockComputeError after a complete traversal; the next job runs") {
+  at::set_num_threads(1);
+  TempDir d;
+  const std::string dir = make_golden_model(d);
+  const dlo::ModelInfo info = dlo::read_model_info(dir);
+  const dlo::PromptEncoder text(dir, at::kFloat);
+  const dlo::WanTransformer transformer = dlo::WanTransformer::load(dir + "/transformer", at::kFloat, false);
+  dlo::WanOffloadRunner runner(transformer, 1);
+  dlo::EngineOptions eo;
+  eo.strategy = dlo::Strategy::kLayerwise;  // streamed through slots, as on a GPU
+  runner.start(eo);
+  dlo::BatchJob job;
+  job.spec.prompt = "x";
+  job.spec.steps = 2;
+  job.spec.height = job.spec.width = 32;
+  job.spec.frames = 5;
+  dlo::JobRun run(job, info, 0);
+  dlo::prepare_job(run, text, info, at::kFloat, at::kCPU);
+  const auto blocks_before = runner.engine().stats().blocks_acquired;
+  CHECK_THROWS_AS(dlo::denoise_step(runner, run, at::kFloat,
+                                    [](std::int64_t, std::int64_t block) {
+                                      DLO_CHECK(block != 1, "injected failure (test hook)");
+                                    }),
+                  dlo::BlockComputeError);
+  CHECK(runner.engine().stats().blocks_acquired - blocks_before == 2);  // the pass went on: both blocks
+  // Inputs that cannot be embedded: a ghost pass, and the job's own error.
+  dlo::JobRun broken(job, info, 0);
+  dlo::prepare_job(broken, text, info, at::kFloat, at::kCPU);
+  broken.context = at::zeros({1, 512, 3});  // text_dim is 16
+  try {
+    dlo::denoise_step(runner, broken, at::kFloat);
+    FAIL("no throw");
+  } catch (const dlo::BlockComputeError& e) {
+    CHECK(std::string(e.what()).find("the transformer's input embeddings") == 0);
+  }
+  CHECK(runner.engine().stats().blocks_acquired - blocks_before == 4);
+  // The engine is in step: another job's step runs.
+  dlo::JobRun next(job, info, 0);
+  dlo::prepare_job(next, text, info, at::kFloat, at::kCPU);
+  dlo::denoise_step(runner, next, at::kFloat);
+  CHECK(next.latents.isfinite().all().item<bool>());
+}
