@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # A GPU check that checked nothing is a failure: no GPU visible, a gpu test skipped, or none run.
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt" \
   || { echo "gpu-check: FAILED: nvidia-smi sees no GPU on this machine; nothing was checked"; exit 1; }
-tools/setup.sh >"$OUTDIR/setup.log" 2>&1 || { tail -50 "$OUTDIR/setup.log"; exit 1; }
+tools/setup.sh --all >"$OUTDIR/setup.log" 2>&1 || { tail -50 "$OUTDIR/setup.log"; exit 1; }
 echo "setup+build: $(( $(date +%s) - T0 )) s"
 grep -q "CUDA/NCCL compiled in: ON" build/configure.log 2>/dev/null \
   || { echo "gpu-check: FAILED: this build has no CUDA (see build/configure.log)"; exit 1; }

@@ -108,7 +108,7 @@ mkdir -p "$SRC" "$LOGS"
 ((KEEP)) || trap 'rm -rf "$SRC/build"' EXIT
 echo "mutation check: copy of $(git -C "$ROOT" rev-parse --short HEAD) in $SRC, labels '$LABELS', logs in $LOGS"
 git -C "$ROOT" archive HEAD | tar -x -C "$SRC"
-(cd "$SRC" && tools/setup.sh >"$LOGS/setup.log" 2>&1) || { tail -30 "$LOGS/setup.log"; exit 1; }
+(cd "$SRC" && tools/setup.sh --all >"$LOGS/setup.log" 2>&1) || { tail -30 "$LOGS/setup.log"; exit 1; }
 
 run_tests() {  # $1: log file; returns ctest's status
   ctest --test-dir "$SRC/build" -L "$LABELS" -j2 --timeout 240 >"$1" 2>&1 </dev/null  # mpirun reads stdin

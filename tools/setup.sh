@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one install step dlo needs: system packages, the pinned Python venv (libtorch comes from its
-# torch wheel), then CMake configure + build into build/. Idempotent: on a set-up machine it only
-# rebuilds what changed, in seconds.
+# torch wheel), then CMake configure + build into build/: the tools (dlo-generate, dlo-checkpoint,
+# dlo-forward, ...); with --all also the tests (tools/test.sh builds them). Idempotent: on a set-up
+# machine it only rebuilds what changed, in seconds.
 #
-#   tools/setup.sh [--no-build]
+#   tools/setup.sh [--no-build | --all]
 #
 # Environment:
 #   DLO_VENV        venv location (default: ~/.cache/dlo/venv-<hash of tools/requirements.txt>,
@@ -17,10 +18,12 @@ T0=$(date +%s)
 say() { printf '[setup %3ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 
 BUILD=1
+TARGETS=(dlo-generate dlo-generate-bare dlo-checkpoint dlo-forward dlo-bench-engine)
 for a in "$@"; do
   case "$a" in
     --no-build) BUILD=0 ;;
-    *) echo "usage: tools/setup.sh [--no-build]" >&2; exit 2 ;;
+    --all) TARGETS=(all) ;;
+    *) echo "usage: tools/setup.sh [--no-build | --all]" >&2; exit 2 ;;
   esac
 done
 
@@ -81,25 +84,31 @@ SITE=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 # 3. Configure and build.
 BUILD_DIR=${DLO_BUILD_DIR:-build}
-if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$BUILD_DIR/.dlo-venv" 2>/dev/null)" != "$VENV" ]; then
+# Configured again when the venv or the way this script configures changed (the stamp says both).
+STAMP="$VENV|ccache-pch-1"
+if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$BUILD_DIR/.dlo-venv" 2>/dev/null)" != "$STAMP" ]; then
   say "configuring $BUILD_DIR"
   mkdir -p "$BUILD_DIR"
   # A new venv means new Torch/CUDA paths: drop cached find results (Torch_DIR, ...).
   rm -f "$BUILD_DIR/CMakeCache.txt"
+  # ccache with the precompiled header (CMakeLists.txt, DLO_PCH): its sloppiness must allow one, and
+  # it hashes the header's inputs (the .gch.sum CMake writes) instead of the .gch, which differs
+  # between build trees.
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD_DIR" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_PREFIX_PATH="$SITE/torch/share/cmake" \
-    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache \
+    "-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CCACHE_PCH_EXTSUM=1;ccache" \
+    -DCMAKE_C_COMPILER_LAUNCHER=ccache \
     -DDLO_PYTHON="$PYTHON" ${DLO_CMAKE_ARGS:-} >"$BUILD_DIR/configure.log" 2>&1 \
     || { cat "$BUILD_DIR/configure.log"; exit 1; }
   grep -E "^-- dlo" "$BUILD_DIR/configure.log" || true
-  echo "$VENV" > "$BUILD_DIR/.dlo-venv"
+  echo "$STAMP" > "$BUILD_DIR/.dlo-venv"
 fi
 if ((BUILD)); then
-  say "building ($BUILD_DIR)"
+  say "building ($BUILD_DIR: ${TARGETS[*]})"
   # Relative paths in the ccache key and no build directory in it (debug builds would hash it),
   # so fresh clones elsewhere (CI) reuse the cache.
-  CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1 cmake --build "$BUILD_DIR" -j "$(nproc)"
+  CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1 cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${TARGETS[@]}"
 fi
 say "done"

@@ -11,12 +11,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/formats.h"
 #include "common/test_util.h"
 #include "dlo/config/job.h"
 
 namespace {
 
-const dlo::OutputFormatNames kFormats = {{"mp4", ".mp4"}, {"png", ""}, {"ffv1", ".mkv"}};
+using dlo::test::kVideoFormats;
 
 dlo::ModelInfo tiny_model() {
   dlo::ModelInfo info;
@@ -27,7 +28,7 @@ dlo::ModelInfo tiny_model() {
 
 std::string problem_of(const std::string& key, const std::string& text) {
   std::string p;
-  const auto v = dlo::parse_job_field(*dlo::find_job_field(key), text, kFormats, &p);
+  const auto v = dlo::parse_job_field(*dlo::find_job_field(key), text, kVideoFormats, &p);
   return v ? "(parsed)" : p;
 }
 
@@ -38,7 +39,7 @@ dlo::JobFieldValue other_value(const dlo::JobField& f, const dlo::JobSpec& job) 
     case dlo::JobFieldType::kText: {
       std::vector<std::string> names = f.choices;
       if (f.app_choices)
-        for (const auto& fmt : kFormats) names.push_back(fmt.name);
+        for (const auto& fmt : kVideoFormats) names.push_back(fmt.name);
       const std::string cur = now ? std::get<std::string>(*now) : "";
       // From the end: the first choice is the default (the folder's UniPC, mp4), which an unset
       // field already means.
@@ -73,7 +74,7 @@ TEST_CASE("the table: unique keys and flags, a flag for every command-line field
     CHECK(f.set);
     // Every built-in value passes its own check (what is unset is optional).
     if (const auto v = f.get(defaults); v && f.key != "format" && f.key != "output" && f.key != "prompt")
-      CHECK(dlo::check_job_field(f, *v, kFormats) == "");
+      CHECK(dlo::check_job_field(f, *v, kVideoFormats) == "");
   }
   CHECK(dlo::find_job_field("steps") != nullptr);
   CHECK(dlo::find_job_field("step") == nullptr);
@@ -131,7 +132,7 @@ TEST_CASE("validate_job: every problem of a job, each with its field and why, in
   job.height = 64;
   job.width = 64;
   job.frames = 5;
-  CHECK(dlo::validate_job(job, info, kFormats).empty());
+  CHECK(dlo::validate_job(job, info, kVideoFormats).empty());
   job.height = 500;
   job.width = 0;
   job.frames = 80;
@@ -140,7 +141,7 @@ TEST_CASE("validate_job: every problem of a job, each with its field and why, in
   job.fps = 0;
   job.flow_shift = -1.0;
   job.format = "gif";
-  const auto e = dlo::validate_job(job, info, kFormats);
+  const auto e = dlo::validate_job(job, info, kVideoFormats);
   REQUIRE(e.size() == 8);
   CHECK(e[0].field == "steps");
   CHECK(e[0].message == "must be >= 1, got 0");
@@ -165,14 +166,14 @@ TEST_CASE("validate_job: a latent grid beyond the transformer's RoPE table is re
   job.height = 512;
   job.width = 528;
   job.frames = 5;
-  const auto e = dlo::validate_job(job, info, kFormats);
+  const auto e = dlo::validate_job(job, info, kVideoFormats);
   REQUIRE(e.size() == 1);
   CHECK(e[0].field == "width");
   CHECK(e[0].message ==
         "528 makes 33 latent patches across, more than the transformer's RoPE covers (rope_max_seq_len 32): at most 512");
   job.width = 512;
   job.frames = 129;  // 33 latent frames
-  const auto f = dlo::validate_job(job, info, kFormats);
+  const auto f = dlo::validate_job(job, info, kVideoFormats);
   REQUIRE(f.size() == 1);
   CHECK(f[0].field == "frames");
 }
@@ -222,7 +223,7 @@ TEST_CASE("resolve_job: the first layer that has a field wins; the format defaul
   const std::map<std::string, dlo::JobFieldValue> flags = {{"steps", std::int64_t{7}}, {"crf", std::int64_t{18}}};
   const std::map<std::string, dlo::JobFieldValue> defaults = {{"crf", std::int64_t{30}}, {"fps", std::int64_t{24}}};
   std::set<std::string> given;
-  const dlo::JobSpec j = dlo::resolve_job({&job, &flags, &defaults}, kFormats, &given);
+  const dlo::JobSpec j = dlo::resolve_job({&job, &flags, &defaults}, kVideoFormats, &given);
   CHECK(j.steps == 3);
   CHECK(j.crf == 18);
   CHECK(j.fps == 24);

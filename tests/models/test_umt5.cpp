@@ -18,7 +18,7 @@ using dlo::test::TempDir;
 
 namespace {
 
-std::string config_error(const std::string& json) {
+std::string umt5_config_error(const std::string& json) {
   try {
     Umt5Config::from_json(JsonConfig::parse(json, "text_encoder/config.json"));
   } catch (const Error& e) {
@@ -29,7 +29,7 @@ std::string config_error(const std::string& json) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-Umt5Config small_config() {
+Umt5Config small_umt5_config() {
   Umt5Config c = Umt5Config::preset("umt5-test");
   c.num_layers = 3;
   c.num_heads = 3;
@@ -43,22 +43,22 @@ Umt5Config small_config() {
 }  // namespace
 
 TEST_CASE("config.json errors name the file and the field") {
-  CHECK(contains(config_error(R"({"model_type": "t5"})"), "text_encoder/config.json: model_type is 't5'"));
-  CHECK(contains(config_error(R"({"model_type": "t5"})"), "only UMT5"));
-  CHECK(contains(config_error(R"({"model_type": "bert"})"), "expected 'umt5'"));
-  CHECK(config_error(R"({"d_model": "wide"})") ==
+  CHECK(contains(umt5_config_error(R"({"model_type": "t5"})"), "text_encoder/config.json: model_type is 't5'"));
+  CHECK(contains(umt5_config_error(R"({"model_type": "t5"})"), "only UMT5"));
+  CHECK(contains(umt5_config_error(R"({"model_type": "bert"})"), "expected 'umt5'"));
+  CHECK(umt5_config_error(R"({"d_model": "wide"})") ==
         "text_encoder/config.json: field 'd_model' must be an integer, got \"wide\"");
-  CHECK(contains(config_error(R"({"num_heads": 0})"), "text_encoder/config.json: field 'num_heads' must be a positive integer, got 0"));
-  CHECK(contains(config_error(R"({"feed_forward_proj": "gated-silu"})"),
+  CHECK(contains(umt5_config_error(R"({"num_heads": 0})"), "text_encoder/config.json: field 'num_heads' must be a positive integer, got 0"));
+  CHECK(contains(umt5_config_error(R"({"feed_forward_proj": "gated-silu"})"),
                  "text_encoder/config.json: field 'feed_forward_proj' is 'gated-silu'"));
-  CHECK(contains(config_error(R"({"feed_forward_proj": "gated-gelu-x"})"), "field 'feed_forward_proj'"));
-  CHECK(contains(config_error(R"({"relative_attention_num_buckets": 2})"),
+  CHECK(contains(umt5_config_error(R"({"feed_forward_proj": "gated-gelu-x"})"), "field 'feed_forward_proj'"));
+  CHECK(contains(umt5_config_error(R"({"relative_attention_num_buckets": 2})"),
                  "field 'relative_attention_num_buckets' must be >= 4, got 2"));
-  CHECK(contains(config_error(R"({"relative_attention_num_buckets": 32, "relative_attention_max_distance": 8})"),
+  CHECK(contains(umt5_config_error(R"({"relative_attention_num_buckets": 32, "relative_attention_max_distance": 8})"),
                  "field 'relative_attention_max_distance' must exceed"));
-  CHECK(contains(config_error(R"({"layer_norm_epsilon": -1})"), "field 'layer_norm_epsilon' must be in (0, 1)"));
-  CHECK(contains(config_error(R"({"is_decoder": true})"), "field 'is_decoder' is true"));
-  CHECK(config_error(R"({"model_type": "umt5", "scalable_attention": true, "dense_act_fn": "gelu_new"})") == "(no error)");
+  CHECK(contains(umt5_config_error(R"({"layer_norm_epsilon": -1})"), "field 'layer_norm_epsilon' must be in (0, 1)"));
+  CHECK(contains(umt5_config_error(R"({"is_decoder": true})"), "field 'is_decoder' is true"));
+  CHECK(umt5_config_error(R"({"model_type": "umt5", "scalable_attention": true, "dense_act_fn": "gelu_new"})") == "(no error)");
 }
 
 TEST_CASE("feed_forward_proj is read as transformers reads it") {
@@ -130,7 +130,7 @@ TEST_CASE("relative position buckets, computed by hand (32 buckets, max distance
 
 TEST_CASE("weights in the compute dtype are views into the checkpoint mapping, not copies") {
   TempDir dir;
-  write_random_umt5_encoder(dir.file("te"), small_config(), DType::F16, 7, 0);
+  write_random_umt5_encoder(dir.file("te"), small_umt5_config(), DType::F16, 7, 0);
   auto m = Umt5Encoder::load(dir.file("te"), at::kHalf);
   const auto& map = m.weights().checkpoint().files()[0]->mapping();
   auto inside = [&](const at::Tensor& t) {
@@ -157,7 +157,7 @@ TEST_CASE("weights in the compute dtype are views into the checkpoint mapping, n
 
 TEST_CASE("a checkpoint that disagrees with its config is refused, naming the tensor") {
   TempDir dir;
-  auto c = small_config();
+  auto c = small_umt5_config();
   write_random_umt5_encoder(dir.file("te"), c, DType::F32, 1, 0);
   c.d_ff = 48;
   std::ofstream(dir.file("te/config.json")) << c.to_json();
@@ -175,7 +175,7 @@ TEST_CASE("a checkpoint that disagrees with its config is refused, naming the te
 
 TEST_CASE("bad inputs are refused with the input named") {
   TempDir dir;
-  write_random_umt5_encoder(dir.file("te"), small_config(), DType::F32, 1, 0);
+  write_random_umt5_encoder(dir.file("te"), small_umt5_config(), DType::F32, 1, 0);
   auto m = Umt5Encoder::load(dir.file("te"), at::kFloat);
   const auto ids = at::tensor(std::vector<std::int64_t>{5, 6, 7, 1}, at::kLong).view({1, 4});
   CHECK_THROWS_WITH_AS(m.forward(ids.view({4}), {}), doctest::Contains("input_ids must be [B, L]"), Error);
@@ -190,7 +190,7 @@ TEST_CASE("bad inputs are refused with the input named") {
 // no SDPA, no shared code with the library but the bucket function), then the pipeline's trim.
 TEST_CASE("forward equals a float64 re-derivation of UMT5 within 1e-5, padded rows are exact zeros") {
   TempDir dir;
-  const auto c = small_config();
+  const auto c = small_umt5_config();
   write_random_umt5_encoder(dir.file("te"), c, DType::F32, 11, 0);
   auto m = Umt5Encoder::load(dir.file("te"), at::kFloat);
   const std::int64_t B = 2, L = 9;
@@ -247,7 +247,7 @@ TEST_CASE("forward equals a float64 re-derivation of UMT5 within 1e-5, padded ro
 
 TEST_CASE("streaming blocks through begin/umt5_block_forward/end equals forward(), blocks bound from any tensors") {
   TempDir dir;
-  const auto c = small_config();
+  const auto c = small_umt5_config();
   write_random_umt5_encoder(dir.file("te"), c, DType::F32, 3, 0);
   auto resident = Umt5Encoder::load(dir.file("te"), at::kFloat);
   auto streamed = Umt5Encoder::load(dir.file("te"), at::kFloat, /*load_blocks=*/false);
@@ -279,7 +279,7 @@ TEST_CASE("streaming blocks through begin/umt5_block_forward/end equals forward(
 
 TEST_CASE("compact mode: the blocks see only the real tokens, and same embedding up to rounding, same shape") {
   TempDir dir;
-  const auto c = small_config();
+  const auto c = small_umt5_config();
   write_random_umt5_encoder(dir.file("te"), c, DType::F32, 5, 0);
   auto m = Umt5Encoder::load(dir.file("te"), at::kFloat);
   const std::int64_t L = 12;

@@ -21,7 +21,7 @@ using dlo::test::TempDir;
 
 namespace {
 
-std::string config_error(const std::string& json) {
+std::string vae_config_error(const std::string& json) {
   try {
     WanVaeConfig::from_json(JsonConfig::parse(json, "vae/config.json"));
   } catch (const Error& e) {
@@ -36,7 +36,7 @@ std::int64_t param_count(const WanVaeConfig& c, bool include_encoder = true) {
   return n;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has_text(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 double rel_err(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).norm().item<double>() / b.to(at::kDouble).norm().item<double>();
@@ -50,33 +50,33 @@ WanVaeConv random_conv(std::int64_t out, std::int64_t in, std::int64_t kt, std::
 }  // namespace
 
 TEST_CASE("config.json errors name the file and the field") {
-  CHECK(config_error(R"({"is_residual": true})") ==
+  CHECK(vae_config_error(R"({"is_residual": true})") ==
         "vae/config.json: field 'is_residual' is true (the Wan2.2 VAE); only the Wan2.1 VAE is supported");
-  CHECK(contains(config_error(R"({"patch_size": 2})"), "vae/config.json: field 'patch_size' is 2 (the Wan2.2 VAE)"));
-  CHECK(contains(config_error(R"({"clip_output": true})"), "vae/config.json: unknown field 'clip_output'"));
-  CHECK(config_error(R"({"z_dim": "sixteen"})") == "vae/config.json: field 'z_dim' must be an integer, got \"sixteen\"");
-  CHECK(config_error(R"({"z_dim": 4})") == "vae/config.json: field 'latents_mean' has 16 entries, z_dim is 4");
-  CHECK(contains(config_error(R"({"latents_std": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]})"),
+  CHECK(has_text(vae_config_error(R"({"patch_size": 2})"), "vae/config.json: field 'patch_size' is 2 (the Wan2.2 VAE)"));
+  CHECK(has_text(vae_config_error(R"({"clip_output": true})"), "vae/config.json: unknown field 'clip_output'"));
+  CHECK(vae_config_error(R"({"z_dim": "sixteen"})") == "vae/config.json: field 'z_dim' must be an integer, got \"sixteen\"");
+  CHECK(vae_config_error(R"({"z_dim": 4})") == "vae/config.json: field 'latents_mean' has 16 entries, z_dim is 4");
+  CHECK(has_text(vae_config_error(R"({"latents_std": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]})"),
                  "field 'latents_std' must hold positive numbers, got 0"));
-  CHECK(contains(config_error(R"({"temperal_downsample": [false, true]})"),
+  CHECK(has_text(vae_config_error(R"({"temperal_downsample": [false, true]})"),
                  "field 'temperal_downsample' has 2 entries; dim_mult [1, 2, 4, 4] needs 3"));
-  CHECK(contains(config_error(R"({"temperal_downsample": [0, 1, 1]})"),
+  CHECK(has_text(vae_config_error(R"({"temperal_downsample": [0, 1, 1]})"),
                  "field 'temperal_downsample' must be a list of true/false, got [0,1,1]"));
   {  // diffusers decodes such a config (the weights follow temperal_downsample): followed, with a warning
     auto w = WanVaeConfig::from_json(JsonConfig::parse(R"({"scale_factor_temporal": 8})", "vae/config.json"));
     CHECK(w.scale_factor_temporal == 4);
     REQUIRE(w.warnings.size() == 1);
-    CHECK(contains(w.warnings[0],
+    CHECK(has_text(w.warnings[0],
                    "field 'scale_factor_temporal' is 8, but temperal_downsample [false, true, true] gives 4"));
   }
-  CHECK(contains(config_error(R"({"dim_mult": [1, 2, 4]})"), "'temperal_downsample' has 3 entries"));
-  CHECK(contains(config_error(R"({"dim_mult": [1, 2, 4], "temperal_downsample": [true, true], "scale_factor_spatial": 8})"),
+  CHECK(has_text(vae_config_error(R"({"dim_mult": [1, 2, 4]})"), "'temperal_downsample' has 3 entries"));
+  CHECK(has_text(vae_config_error(R"({"dim_mult": [1, 2, 4], "temperal_downsample": [true, true], "scale_factor_spatial": 8})"),
                  "field 'scale_factor_spatial' is 8, but dim_mult (2 spatial up/downsamplings) gives 4"));
-  CHECK(contains(config_error(R"({"base_dim": 1, "dim_mult": [1, 1, 1, 1]})"),
+  CHECK(has_text(vae_config_error(R"({"base_dim": 1, "dim_mult": [1, 1, 1, 1]})"),
                  "decoder up block 0 has 1 channels; its upsampler's dim // 2 would be 0"));
-  CHECK(contains(config_error(R"({"num_res_blocks": 0})"), "field 'num_res_blocks' must be a positive integer, got 0"));
-  CHECK(contains(config_error(R"({"_class_name": "AutoencoderKLLTXVideo"})"), "expected 'AutoencoderKLWan'"));
-  CHECK(contains(config_error(R"({"dropout": 1.5})"), "field 'dropout' must be in [0, 1), got 1.5"));
+  CHECK(has_text(vae_config_error(R"({"num_res_blocks": 0})"), "field 'num_res_blocks' must be a positive integer, got 0"));
+  CHECK(has_text(vae_config_error(R"({"_class_name": "AutoencoderKLLTXVideo"})"), "expected 'AutoencoderKLWan'"));
+  CHECK(has_text(vae_config_error(R"({"dropout": 1.5})"), "field 'dropout' must be in [0, 1), got 1.5"));
   // Absent scale factors follow the structure.
   const auto derived = WanVaeConfig::from_json(
       JsonConfig::parse(R"({"dim_mult": [1, 2, 4], "temperal_downsample": [true, false]})", "x"));
@@ -84,7 +84,7 @@ TEST_CASE("config.json errors name the file and the field") {
   CHECK(derived.scale_factor_temporal == 2);
   CHECK(derived.output_frames(3) == 5);
   // diffusers writes nulls for unset optional fields, and private "_" keys.
-  CHECK(config_error(R"({"decoder_base_dim": null, "patch_size": null, "is_residual": false, "_name_or_path": "x",
+  CHECK(vae_config_error(R"({"decoder_base_dim": null, "patch_size": null, "is_residual": false, "_name_or_path": "x",
                          "scale_factor_temporal": null})") == "(no error)");
 }
 
@@ -176,7 +176,7 @@ TEST_CASE("a checkpoint that disagrees with its config is refused, naming the te
     FAIL("expected an error");
   } catch (const Error& e) {
     const std::string msg = e.what();
-    CHECK_MESSAGE(contains(msg, "tensor 'decoder.conv_in.weight' has shape [3, 16, 3, 3, 3], the config implies [4, 16, 3, 3, 3]"),
+    CHECK_MESSAGE(has_text(msg, "tensor 'decoder.conv_in.weight' has shape [3, 16, 3, 3, 3], the config implies [4, 16, 3, 3, 3]"),
                   msg);
     CHECK(msg.find("loading vae '" + dir.file("vae") + "'") == 0);
   }

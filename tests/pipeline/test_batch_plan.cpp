@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/model_folder.h"
+#include "common/formats.h"
 #include "common/test_util.h"
 #include "dlo/pipeline/batch_plan.h"
 #include "dlo/pipeline/results.h"
@@ -17,7 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using dlo::test::TempDir;
 
-const dlo::OutputFormatNames kFormats = {{"mp4", ".mp4"}, {"png", ""}, {"ffv1", ".mkv"}};
+using dlo::test::kVideoFormats;
 
 std::string read(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
@@ -188,7 +189,7 @@ TEST_CASE("plan_batch: fingerprints, resume by manifest index, the same plan fro
                         "jobs:\n  - {id: a, prompt: x}\n  - {id: b, prompt: y}\n  - {id: c, prompt: z}\n");
   dlo::BatchPlanOptions o;
   o.manifest = "b.yaml";
-  o.formats = kFormats;
+  o.formats = kVideoFormats;
   o.dtypes = "bf16/fp32";
   const dlo::BatchPlan first = in_dir(d.path(), [&] { return dlo::plan_batch(o); });
   REQUIRE(first.jobs.size() == 3);
@@ -229,18 +230,18 @@ TEST_CASE("plan_batch: fingerprints, resume by manifest index, the same plan fro
 }
 
 TEST_CASE("a --prompt job from flags: parsed by the table, the seed drawn when not given, every problem at once") {
-  const dlo::JobSpec j = dlo::prompt_job({{"prompt", "a fox"}, {"steps", "4"}, {"format", "png"}}, kFormats, 1234);
+  const dlo::JobSpec j = dlo::prompt_job({{"prompt", "a fox"}, {"steps", "4"}, {"format", "png"}}, kVideoFormats, 1234);
   CHECK(j.prompt == "a fox");
   CHECK(j.steps == 4);
   CHECK(j.seed == 1234);
   CHECK(j.output == "video");  // png: a folder
-  CHECK(dlo::prompt_job({{"prompt", ""}, {"seed", "7"}}, kFormats, 1).seed == 7);
-  CHECK(dlo::prompt_job({{"prompt", ""}}, kFormats, 1).output == "video.mp4");
-  CHECK(dlo::test::error_of([] { dlo::prompt_job({{"prompt", "x"}, {"seed", "-1"}, {"steps", "abc"}}, kFormats, 1); }) ==
+  CHECK(dlo::prompt_job({{"prompt", ""}, {"seed", "7"}}, kVideoFormats, 1).seed == 7);
+  CHECK(dlo::prompt_job({{"prompt", ""}}, kVideoFormats, 1).output == "video.mp4");
+  CHECK(dlo::test::error_of([] { dlo::prompt_job({{"prompt", "x"}, {"seed", "-1"}, {"steps", "abc"}}, kVideoFormats, 1); }) ==
         "--seed: must be >= 0 (a seed is 0 .. 18446744073709551615), got -1\n  --steps: must be an integer, got 'abc'");
   dlo::ModelInfo info;
   info.transformer = dlo::WanTransformerConfig::preset("wan-test");
-  dlo::JobSpec bad = dlo::prompt_job({{"prompt", "x"}, {"height", "500"}, {"width", "64"}, {"frames", "5"}}, kFormats, 1);
-  CHECK(dlo::test::error_of([&] { dlo::check_prompt_job(bad, info, kFormats); })
+  dlo::JobSpec bad = dlo::prompt_job({{"prompt", "x"}, {"height", "500"}, {"width", "64"}, {"frames", "5"}}, kVideoFormats, 1);
+  CHECK(dlo::test::error_of([&] { dlo::check_prompt_job(bad, info, kVideoFormats); })
             .find("--height: 500 is not a multiple of 16") == 0);
 }

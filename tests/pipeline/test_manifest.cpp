@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "common/formats.h"
 #include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "common/model_folder.h"
@@ -17,7 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using dlo::test::TempDir;
 
-const dlo::OutputFormatNames kFormats = {{"mp4", ".mp4"}, {"png", ""}, {"ffv1", ".mkv"}};
+using dlo::test::kVideoFormats;
 
 struct Loaded {
   std::string what;  // the ManifestError's message ("" when it loaded)
@@ -33,7 +34,7 @@ Loaded load(const TempDir& dir, const std::string& name, const std::string& text
   fs::current_path(dir.path());
   Loaded r;
   try {
-    r.manifest = dlo::load_manifest(name, flags, model_flag, out_flag, kFormats);
+    r.manifest = dlo::load_manifest(name, flags, model_flag, out_flag, kVideoFormats);
   } catch (const dlo::ManifestError& e) {
     r.what = e.what();
     r.problems = e.problems();
@@ -391,7 +392,7 @@ TEST_CASE("a manifest that is not a readable regular file is a dlo::Error, and a
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   std::string msg;
   try {
-    dlo::load_manifest(fifo, {}, std::nullopt, std::nullopt, kFormats);
+    dlo::load_manifest(fifo, {}, std::nullopt, std::nullopt, kVideoFormats);
   } catch (const dlo::Error& e) {
     msg = e.what();
   }
@@ -399,7 +400,7 @@ TEST_CASE("a manifest that is not a readable regular file is a dlo::Error, and a
   CHECK(msg.find("FIFO") != std::string::npos);
   msg.clear();
   try {
-    dlo::load_manifest(d.file("missing.yaml"), {}, std::nullopt, std::nullopt, kFormats);
+    dlo::load_manifest(d.file("missing.yaml"), {}, std::nullopt, std::nullopt, kVideoFormats);
   } catch (const dlo::Error& e) {
     msg = e.what();
   }
@@ -480,7 +481,7 @@ TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model'
   TempDir d;
   const std::string src = DLO_SOURCE_DIR;
   // jobs/demo.yaml: the demo model of tools/demo.sh (wan-test transformer, the small Wan VAE).
-  dlo::Manifest demo = dlo::load_manifest(src + "/jobs/demo.yaml", {}, std::nullopt, d.path().string(), kFormats);
+  dlo::Manifest demo = dlo::load_manifest(src + "/jobs/demo.yaml", {}, std::nullopt, d.path().string(), kVideoFormats);
   CHECK(demo.model == src + "/out/demo/model");
   REQUIRE(demo.jobs.size() == 6);
   CHECK(demo.jobs[0].id == "fox");
@@ -493,7 +494,7 @@ TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model'
   small.vae = dlo::WanVaeConfig::preset("wan2.1-vae-small");
   CHECK(dlo::format_problems(dlo::check_manifest(demo, small)) == "");
   // jobs/wan2.1-t2v-1.3b.yaml: the real model's geometry.
-  dlo::Manifest wan = dlo::load_manifest(src + "/jobs/wan2.1-t2v-1.3b.yaml", {}, std::nullopt, d.path().string(), kFormats);
+  dlo::Manifest wan = dlo::load_manifest(src + "/jobs/wan2.1-t2v-1.3b.yaml", {}, std::nullopt, d.path().string(), kVideoFormats);
   dlo::ModelInfo real;
   real.transformer = dlo::WanTransformerConfig::preset("wan2.1-t2v-1.3b");
   real.vae = dlo::WanVaeConfig::preset("wan2.1-vae");
@@ -509,7 +510,7 @@ TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model'
   }
   // jobs/prompts.txt, with the flags its comment shows.
   dlo::JobFlags f = {{"steps", "6"}, {"height", "64"}, {"width", "64"}, {"frames", "9"}};
-  dlo::Manifest txt = dlo::load_manifest(src + "/jobs/prompts.txt", f, std::string("out/demo/model"), d.path().string(), kFormats);
+  dlo::Manifest txt = dlo::load_manifest(src + "/jobs/prompts.txt", f, std::string("out/demo/model"), d.path().string(), kVideoFormats);
   CHECK(txt.jobs.size() == 4);
   CHECK(dlo::format_problems(dlo::check_manifest(txt, small)) == "");
 }
@@ -538,7 +539,7 @@ TEST_CASE("precedence for every field the table lets all three set: the job's va
     const auto yaml = [&](const std::string& s) { return text ? "\"" + s + "\"" : s; };
     const auto parsed = [&](const std::string& s) {
       std::string p;
-      auto x = dlo::parse_job_field(f, s, kFormats, &p);
+      auto x = dlo::parse_job_field(f, s, kVideoFormats, &p);
       REQUIRE_MESSAGE(x, p);
       return *x;
     };

@@ -27,6 +27,9 @@ inline std::uint64_t sat_product(std::initializer_list<std::int64_t> factors) {
   return p;
 }
 
+// `v` rounded up to a multiple of `a` (> 0), saturated.
+inline std::uint64_t sat_round_up(std::uint64_t v, std::uint64_t a) { return sat_mul(sat_add(v, a - 1) / a, a); }
+
 // `a` + `a` / 10: the 10% margin of the memory checks, saturated.
 inline std::uint64_t with_margin(std::uint64_t a) { return sat_add(a, a / 10); }
 

@@ -10,11 +10,12 @@
 
 #include "dlo/common/error.h"
 #include "dlo/common/text.h"
+#include "dlo/config/version.h"
 
 namespace dlo {
 namespace {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 // "12.5" not "12.500000"; integers without a fraction.
 std::string number(double v) {
@@ -203,19 +204,13 @@ std::vector<JobField> make_table() {
   return t;
 }
 
-json to_json_value(const JobFieldValue& v) {
-  return std::visit([](const auto& x) { return json(x); }, v);
+ojson to_json_value(const JobFieldValue& v) {
+  return std::visit([](const auto& x) { return ojson(x); }, v);
 }
 
 }  // namespace
 
-const char* dlo_version() {
-#ifdef DLO_VERSION
-  return DLO_VERSION;
-#else
-  return "unknown";
-#endif
-}
+const char* dlo_version() { return kDloVersion; }
 
 bool is_safe_job_id(const std::string& id) {
   if (id.empty() || id.size() > 128 || id[0] == '.' || id[0] == '-') return false;
@@ -383,7 +378,7 @@ std::optional<JobFieldValue> effective_value(const JobField& f, const JobSpec& j
 }  // namespace
 
 std::string job_parameters_json(const JobSpec& job, const ModelInfo& info) {
-  json j = json::object();
+  ojson j = ojson::object();
   for (const auto& f : job_fields())
     if (f.in_parameters)
       if (auto v = effective_value(f, job, info)) j[f.key] = to_json_value(*v);
@@ -393,11 +388,11 @@ std::string job_parameters_json(const JobSpec& job, const ModelInfo& info) {
 }
 
 std::string job_output_fields_json(const JobSpec& job, const ModelInfo& info) {
-  json j = json::object();
+  ojson j = ojson::object();
   for (const auto& f : job_fields()) {
     if (f.effect == JobFieldEffect::kNone) continue;
     const auto v = effective_value(f, job, info);
-    j[f.key] = v ? to_json_value(*v) : json(nullptr);
+    j[f.key] = v ? to_json_value(*v) : ojson(nullptr);
   }
   return j.dump();
 }
@@ -411,12 +406,12 @@ std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
 }
 
 std::string jobs_to_json(const std::vector<JobSpec>& jobs) {
-  json arr = json::array();
+  ojson arr = ojson::array();
   for (const auto& job : jobs) {
-    json o = json::object();
+    ojson o = ojson::object();
     for (const auto& f : job_fields()) {
       const auto v = f.get(job);
-      o[f.key] = v ? to_json_value(*v) : json(nullptr);
+      o[f.key] = v ? to_json_value(*v) : ojson(nullptr);
     }
     arr.push_back(std::move(o));
   }
@@ -426,10 +421,10 @@ std::string jobs_to_json(const std::vector<JobSpec>& jobs) {
 std::vector<JobSpec> jobs_from_json(const std::string& text) {
   try {
     std::vector<JobSpec> jobs;
-    for (const auto& o : json::parse(text)) {
+    for (const auto& o : ojson::parse(text)) {
       JobSpec job;
       for (const auto& f : job_fields()) {
-        const json& v = o.at(f.key);
+        const ojson& v = o.at(f.key);
         if (v.is_null()) continue;
         switch (f.type) {
           case JobFieldType::kText: f.set(job, v.get<std::string>()); break;
@@ -441,7 +436,7 @@ std::vector<JobSpec> jobs_from_json(const std::string& text) {
       jobs.push_back(std::move(job));
     }
     return jobs;
-  } catch (const json::exception& e) {
+  } catch (const ojson::exception& e) {
     throw Error(str("a job list that is not valid JSON: ", e.what()), ErrorKind::kInternal);
   }
 }

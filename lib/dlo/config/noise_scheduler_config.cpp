@@ -18,7 +18,7 @@ namespace {
 constexpr const char* kUniPCClass = "UniPCMultistepScheduler";
 constexpr const char* kEulerClass = "FlowMatchEulerDiscreteScheduler";
 
-using nlohmann::json;
+using json = nlohmann::json;
 
 // diffusers' constructor defaults and the "supported only at one value" rules over one
 // JsonConfig (the one JSON reader, which also keeps track of the keys read, so that the rest can be

@@ -30,8 +30,6 @@ std::uint64_t safetensors_bytes_in(const std::string& dir) {
   return total;
 }
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return sat_mul(sat_add(v, a - 1) / a, a); }
-
 DType packed(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return DType::F32;
@@ -41,8 +39,6 @@ DType packed(at::ScalarType t) {
   }
   DLO_CHECK(false, "unsupported compute dtype ", c10::toString(t));
 }
-
-bool fits(std::uint64_t need, std::uint64_t budget) { return budget == 0 || with_margin(need) <= budget; }
 
 // Bytes of the stack a strategy keeps on the host per rank, and in device memory.
 struct Kept {
@@ -110,9 +106,9 @@ StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype,
     const DType d = packed(wan_weight_dtype(spec.name, dtype));
     std::uint64_t numel = 1;
     for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
-    block = sat_add(round_up(block, kTensorAlign), sat_mul(numel, dtype_size(d)));
+    block = sat_add(sat_round_up(block, kTensorAlign), sat_mul(numel, dtype_size(d)));
   }
-  const std::uint64_t shard = round_up(sat_add(block, n - 1) / n, kShardAlign);
+  const std::uint64_t shard = sat_round_up(sat_add(block, n - 1) / n, kShardAlign);
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     s.block_bytes.push_back(block);
     s.shard_bytes.push_back(shard);
@@ -131,26 +127,26 @@ std::string job_memory_problem(const StrategyChoice& choice, const StackSize& st
       // The blocks are the page cache, one copy for the node; every rank adds its own work.
       const auto rpn = static_cast<std::uint64_t>(std::max(1, b.ranks_per_node));
       const std::uint64_t need = sat_add(stack.total(), sat_mul(per_rank, rpn));
-      if (fits(need, sat_mul(b.host, rpn))) return "";
+      if (fits_budget(need, sat_mul(b.host, rpn))) return "";
       return str("it needs about ", human_bytes(per_rank), " of working memory per rank (denoising ",
                  human_bytes(job.working), ", decoding ", human_bytes(job.decode), "), beside the ",
                  human_bytes(stack.total()), " of weights that ", rpn, " rank(s) share (", name, "): more than the ",
                  human_bytes(sat_mul(b.host, rpn)), " available on the node");
     }
     const std::uint64_t need = sat_add(sat_add(sat_add(k.host, k.device), k.slots), per_rank);
-    if (fits(need, b.host)) return "";
+    if (fits_budget(need, b.host)) return "";
     return str("it needs about ", human_bytes(per_rank), " of working memory (denoising ", human_bytes(job.working),
                ", decoding ", human_bytes(job.decode), ") beside the ", human_bytes(sat_add(sat_add(k.host, k.device), k.slots)),
                " each rank keeps for the weights (", name, "): more than the ", human_bytes(b.host), " per rank (",
                b.host_why, ")");
   }
   const std::uint64_t device_need = sat_add(sat_add(k.device, k.slots), job.working);
-  if (!fits(device_need, b.device))
+  if (!fits_budget(device_need, b.device))
     return str("one step needs about ", human_bytes(job.working), " of working memory on the device beside ",
                human_bytes(sat_add(k.device, k.slots)), " of weights there (", name, "): more than the device budget ",
                human_bytes(b.device), " (", b.device_why, ")");
   const std::uint64_t host_need = sat_add(k.host, job.decode);
-  if (!fits(host_need, b.host))
+  if (!fits_budget(host_need, b.host))
     return str("its VAE decode needs about ", human_bytes(job.decode), " on the host beside ", human_bytes(k.host),
                " of host shards (", name, "): more than the ", human_bytes(b.host), " per rank (", b.host_why, ")");
   return "";

@@ -24,6 +24,8 @@ std::uint64_t StackSize::shards_total() const {
   return t;
 }
 
+bool fits_budget(std::uint64_t need, std::uint64_t budget) { return budget == 0 || with_margin(need) <= budget; }
+
 StackSize stack_size(const StackPlan& plan) {
   StackSize s;
   s.ranks = plan.ranks();
@@ -67,9 +69,6 @@ MemoryBudget agree_memory_budget(const MpiWorld& world, c10::Device device, cons
 
 namespace {
 
-// `need` fits `budget` with a 10% margin; an unknown budget (0) fits everything.
-bool fits(std::uint64_t need, std::uint64_t budget) { return budget == 0 || with_margin(need) <= budget; }
-
 const char* kNames = "auto, resident, device-shards, mixed, dlo or layerwise";
 
 }  // namespace
@@ -88,7 +87,7 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
   std::int64_t k = 0;
   if (!budget.device_is_host) {
     std::uint64_t used = sat_add(slots, working);
-    while (k < n && fits(sat_add(used, stack.shard_bytes[static_cast<std::size_t>(k)]), budget.device))
+    while (k < n && fits_budget(sat_add(used, stack.shard_bytes[static_cast<std::size_t>(k)]), budget.device))
       used = sat_add(used, stack.shard_bytes[static_cast<std::size_t>(k++)]);
   }
   std::uint64_t host_after_k = 0;  // host shard bytes of blocks k..n-1
@@ -109,11 +108,11 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
         c.reason = str("requested; ", c.device_blocks, " of ", n, " blocks' shards on the device (", dev, ")");
         break;
       case Strategy::kDlo:
-        DLO_CHECK(fits(shards, budget.host), "the dlo strategy keeps ", human_bytes(shards),
+        DLO_CHECK(fits_budget(shards, budget.host), "the dlo strategy keeps ", human_bytes(shards),
                   " of shards per rank on the host, more than the ", host);
         break;
       case Strategy::kLayerwise:
-        DLO_CHECK(fits(total, budget.host), "the layerwise strategy keeps the whole stack (", human_bytes(total),
+        DLO_CHECK(fits_budget(total, budget.host), "the layerwise strategy keeps the whole stack (", human_bytes(total),
                   ") on every rank's host, more than the ", host);
         break;
     }
@@ -124,12 +123,12 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
     // CPU: resident blocks are the page cache (one copy per node); each rank adds its activations.
     const std::uint64_t node_need = sat_add(total, sat_mul(working, static_cast<std::uint64_t>(budget.ranks_per_node)));
     const std::uint64_t node_avail = sat_mul(budget.host, static_cast<std::uint64_t>(budget.ranks_per_node));
-    if (fits(node_need, node_avail))
+    if (fits_budget(node_need, node_avail))
       return {Strategy::kResident, 0,
               str("weights ", human_bytes(total), " + working ", human_bytes(working), " x ", budget.ranks_per_node,
                   " rank(s) fit in the node's available memory", budget.host == 0 ? " (unknown)" : "",
                   " (mmap views, shared by the ranks of a node)")};
-    if (stack.ranks > 1 && fits(sat_add(sat_add(shards, slots), working), budget.host))
+    if (stack.ranks > 1 && fits_budget(sat_add(sat_add(shards, slots), working), budget.host))
       return {Strategy::kDlo, 0,
               str("weights ", human_bytes(total), " do not fit the node's available memory; 1/", stack.ranks,
                   " per rank (", human_bytes(shards), ") does, within the ", host)};
@@ -143,25 +142,25 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
   }
 
   const std::string need_working = str(" + working ", human_bytes(working));
-  if (fits(sat_add(total, working), budget.device))
+  if (fits_budget(sat_add(total, working), budget.device))
     return {Strategy::kResident, 0, str("weights ", human_bytes(total), need_working, " fit the ", dev)};
   const bool sharded = stack.ranks > 1;
   if (sharded && k == n)
     return {Strategy::kDeviceShards, n,
             str("weights ", human_bytes(total), " do not fit the ", dev, "; 1/", stack.ranks, " shards (",
                 human_bytes(shards), ") + 2 slots (", human_bytes(slots), ")", need_working, " do")};
-  if (k >= 1 && k < n && fits(host_after_k, budget.host))
+  if (k >= 1 && k < n && fits_budget(host_after_k, budget.host))
     return {Strategy::kMixed, k,
             str("weights ", human_bytes(total), " do not fit the ", dev, "; the shards of ", k, " of ", n,
                 " blocks do beside 2 slots", need_working, "; the other ", n - k, " blocks stream from ",
                 human_bytes(host_after_k), " of host shards")};
-  DLO_CHECK(fits(sat_add(slots, working), budget.device), "the ", dev, " cannot hold even two block slots (",
+  DLO_CHECK(fits_budget(sat_add(slots, working), budget.device), "the ", dev, " cannot hold even two block slots (",
             human_bytes(slots), ")", need_working, ": use smaller latents, fewer frames or a smaller dtype");
-  if (sharded && fits(shards, budget.host))
+  if (sharded && fits_budget(shards, budget.host))
     return {Strategy::kDlo, 0,
             str("weights ", human_bytes(total), " do not fit the ", dev, "; 1/", stack.ranks, " host shards (",
                 human_bytes(shards), ") fit the ", host)};
-  if (fits(total, budget.host))
+  if (fits_budget(total, budget.host))
     return {Strategy::kLayerwise, 0,
             str("weights ", human_bytes(total), " do not fit the ", dev, sharded ? "; host shards do not fit either" : "",
                 "; the whole stack fits the ", host)};

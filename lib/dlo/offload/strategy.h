@@ -32,6 +32,11 @@ struct StackSize {
 };
 StackSize stack_size(const StackPlan& plan);
 
+// The one rule of every memory check (auto's choice and the per-job check): `need` fits `budget`
+// with a 10% margin (saturated: an overflowed need fits nothing); an unknown budget (0) fits
+// everything.
+bool fits_budget(std::uint64_t need, std::uint64_t budget);
+
 // What one rank may use, agreed by all ranks (the minimum over them).
 struct MemoryBudget {
   // The device is the host (CPU run without a device budget): resident blocks are the checkpoint's

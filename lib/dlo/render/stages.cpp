@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "dlo/common/clock.h"
 #include "dlo/common/error.h"
 #include "dlo/common/memory.h"
 #include "dlo/common/sha256.h"
@@ -20,8 +21,7 @@
 namespace dlo {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using Clock = SteadyClock;
 
 void save_latents_safetensors(const BatchJob& job, const ModelInfo& model, const at::Tensor& latents) {
   const at::Tensor lat = latents.to(at::kCPU).contiguous();
@@ -121,7 +121,7 @@ void finish_job(JobRun& run, const WanVae& vae, const ModelInfo& model, const Si
       auto timed = [&](auto&& fn) {
         const auto s0 = Clock::now();
         fn();
-        sink_s += since(s0);
+        sink_s += seconds_since(s0);
       };
       std::unique_ptr<FrameSink> sink;
       if (open_sink) timed([&] { sink = open_sink(job, width, height, frames); });
@@ -146,7 +146,7 @@ void finish_job(JobRun& run, const WanVae& vae, const ModelInfo& model, const Si
   } catch (const std::exception& e) {
     run.fail(describe_exception(e));
   }
-  run.result.decode_s = since(t0);
+  run.result.decode_s = seconds_since(t0);
   run.result.rss_peak_kb = read_process_memory().hwm_kb;
 }
 

@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 namespace {
 
 // Whole or absent, every byte checked, synced before the rename (dlo/common/file.h).
-void write_text(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
 const std::vector<std::string>& known_components() {
   static const std::vector<std::string> k{"transformer", "scheduler", "vae", "text_encoder", "tokenizer"};
@@ -87,7 +86,7 @@ WriteResult write_random_wan_transformer(const std::string& dir, const WanTransf
     return default_init(s);
   };
   auto r = write_random_checkpoint(dir, wan_transformer_specs(c, dtype), init, seed, w);
-  write_text(dir + "/config.json", c.to_json());
+  write_file_atomic(dir + "/config.json", c.to_json());
   return r;
 }
 
@@ -108,7 +107,7 @@ WriteResult write_random_wan_vae(const std::string& dir, const WanVaeConfig& c, 
     return default_init(s);
   };
   auto r = write_random_checkpoint(dir, wan_vae_specs(c, dtype), init, seed, w);
-  write_text(dir + "/config.json", c.to_json());
+  write_file_atomic(dir + "/config.json", c.to_json());
   return r;
 }
 
@@ -167,7 +166,7 @@ MakeModelResult make_model(const std::string& dir, const MakeModelOptions& optio
       index["transformer"] = {"diffusers", "WanTransformer3DModel"};
     } else if (comp == "scheduler") {
       make_folders(sub);
-      write_text(sub + "/scheduler_config.json", unipc_scheduler_json());
+      write_file_atomic(sub + "/scheduler_config.json", unipc_scheduler_json());
       index["scheduler"] = {"diffusers", "UniPCMultistepScheduler"};
     } else if (comp == "text_encoder") {
       result.bytes += write_random_umt5_encoder(sub, o.text_encoder, o.dtype, o.seed, o.shard_bytes).total_bytes;
@@ -183,7 +182,7 @@ MakeModelResult make_model(const std::string& dir, const MakeModelOptions& optio
     }
     result.written.push_back(sub);
   }
-  write_text((fs::path(dir) / "model_index.json").string(), index.dump(2) + "\n");
+  write_file_atomic((fs::path(dir) / "model_index.json").string(), index.dump(2) + "\n");
   return result;
 }
 

@@ -111,7 +111,6 @@ class LineIterator : public sentencepiece::SentenceIterator {
 };
 
 // Whole or absent, every byte checked (dlo/common/file.h).
-void write_text(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
 }  // namespace
 
@@ -141,7 +140,7 @@ void write_tiny_tokenizer(const std::string& dir) {
     std::string model;
     const auto status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
     DLO_CHECK(status.ok(), "SentencePiece training failed: ", status.ToString());
-    write_text((fs::path(dir) / "spiece.model").string(), model);
+    write_file_atomic((fs::path(dir) / "spiece.model").string(), model);
 
     // What transformers' T5Tokenizer(Fast) reads besides spiece.model (the transformers 4.x layout
     // of the Wan / umt5 repositories).
@@ -157,10 +156,10 @@ void write_tiny_tokenizer(const std::string& dir) {
                                      {"sp_model_kwargs", nlohmann::ordered_json::object()},
                                      {"tokenizer_class", "T5Tokenizer"},
                                      {"unk_token", "<unk>"}};
-    write_text((fs::path(dir) / "tokenizer_config.json").string(), config.dump(2) + "\n");
+    write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), config.dump(2) + "\n");
     nlohmann::ordered_json special = {
         {"additional_special_tokens", extra}, {"eos_token", "</s>"}, {"pad_token", "<pad>"}, {"unk_token", "<unk>"}};
-    write_text((fs::path(dir) / "special_tokens_map.json").string(), special.dump(2) + "\n");
+    write_file_atomic((fs::path(dir) / "special_tokens_map.json").string(), special.dump(2) + "\n");
   });
 }
 
