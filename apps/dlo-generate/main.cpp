@@ -9,7 +9,8 @@
 // One prompt: rank 0 renders, every rank keeps 1/N of the transformer's blocks. A batch: every rank
 // renders a different job at once, taking the next at a pass boundary; results.jsonl in the output
 // folder records each job; a rerun skips what is done. SIGINT/SIGTERM stop every rank at the next
-// pass boundary (finished decodes are kept); a rerun continues.
+// pass boundary (finished decodes are kept); a second signal stops at once; a rerun continues.
+// The output folder is locked while a batch runs (a second batch on it is refused).
 // Exit codes: 0 ok, 2 bad invocation or input (found before any weight is read; nothing written),
 // 3 a batch finished with some jobs failed, 130/143 stopped by SIGINT/SIGTERM, 1 anything else.
 //
@@ -17,11 +18,11 @@
 // CMake: libav's for dlo-generate, frames as .safetensors for dlo-generate-bare.
 #include <ATen/Parallel.h>
 
-#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -34,7 +35,9 @@
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
+#include "dlo/common/folder_lock.h"
 #include "dlo/common/settings.h"
+#include "dlo/dist/device.h"
 #include "dlo/models/weights.h"
 #include "dlo/mpi/mpi_world.h"
 #include "dlo/pipeline/batch_plan.h"
@@ -42,8 +45,6 @@
 
 namespace {
 
-std::atomic<int> g_signal{0};
-extern "C" void on_stop_signal(int sig) { g_signal.store(sig); }
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -78,7 +79,8 @@ cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
       "fail-at-block", "this rank's transfer of that block fails (every pass)", cxxopts::value<std::string>())(
       "fail-io-at-pass", "this rank fails with an I/O error at that pass boundary", cxxopts::value<std::string>())(
       "fail-rank", "the rank of --fail-at-block / --fail-io-at-pass (default: every rank)",
-      cxxopts::value<std::string>()->default_value("-1"));
+      cxxopts::value<std::string>()->default_value("-1"))(
+      "slow-decode-ms", "every VAE decode waits this long first (a slow decoder)", cxxopts::value<std::string>());
   return opts;
 }
 
@@ -114,6 +116,7 @@ dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
   }
   if (a.count("fail-at-block")) go.faults.transfer_block = int_flag(a, "fail-at-block"), go.faults.transfer_rank = rank;
   if (a.count("fail-io-at-pass")) go.faults.io_pass = int_flag(a, "fail-io-at-pass"), go.faults.io_rank = rank < 0 ? 0 : rank;
+  if (a.count("slow-decode-ms")) go.faults.decode_delay_ms = int_flag(a, "slow-decode-ms");
   return go;
 }
 
@@ -124,22 +127,31 @@ dlo::BatchPlan prompt_plan(const cxxopts::ParseResult& a, const dlo::JobFlags& f
   DLO_CHECK(!a.count("output-dir") && !a.count("dry-run") && !a.count("force"),
             "--output-dir, --dry-run and --force are for batches (--jobs)");
   dlo::BatchPlan p;
-  p.model_dir = a["model"].as<std::string>();
+  p.model_dir = dlo::canonical_path(a["model"].as<std::string>());
   // The seed: given, or drawn here (on rank 0, which renders) and recorded in the metadata.
   dlo::JobSpec job = dlo::prompt_job(flags, outputs.names(), std::random_device{}() & 0xffffffffu);
   const dlo::ModelInfo model = dlo::read_model_info(p.model_dir);
   dlo::check_prompt_job(job, model, outputs.names());
+  for (const std::string* out : {&job.output, &job.save_latents})
+    DLO_CHECK(out->empty() || (dlo::canonical_path(*out) + "/").rfind(p.model_dir + "/", 0) != 0, "--",
+              out == &job.output ? "out" : "save-latents", ": '", *out, "' is inside the model folder '", p.model_dir, "'");
   dlo::with_context("--out", [&] { outputs.format(job.format).check(job, model); });
   DLO_CHECK(job.save_latents.empty() || !ends_with(job.save_latents, ".h5"),
             "--save-latents: .h5 files collect a batch's latents (--jobs); for one prompt write .safetensors");
   if (!job.save_latents.empty()) dlo::with_context("--save-latents", [&] { dlo::check_output_path(job.save_latents); });
-  p.jobs.push_back({job, 0, dlo::job_fingerprint(job, model, dlo::model_identity(p.model_dir), dtypes)});
+  job.output = dlo::canonical_path(job.output);
+  if (!job.save_latents.empty()) job.save_latents = dlo::canonical_path(job.save_latents);
+  p.model_identity = dlo::model_identity(p.model_dir);
+  p.jobs.push_back({job, 0, dlo::job_fingerprint(job, model, p.model_identity, dtypes)});
   return p;
 }
 
 // Rank 0: the plan of a batch (manifest, checks, resume) and its latents file.
+// The output folder's lock file: a second batch on the folder is refused while this one runs.
+constexpr const char* kLockFileName = ".dlo-generate.lock";
+
 dlo::BatchPlan batch_plan(const cxxopts::ParseResult& a, dlo::JobFlags flags, const dlo::AppOutputs& outputs,
-                          const std::string& dtypes) {
+                          const std::string& dtypes, std::optional<dlo::FolderLock>& lock) {
   flags.erase("save_latents");  // for a batch, --save-latents names its latents file
   for (const char* single : {"prompt", "out"})
     DLO_CHECK(!a.count(single), "--", single,
@@ -161,6 +173,11 @@ dlo::BatchPlan batch_plan(const cxxopts::ParseResult& a, dlo::JobFlags flags, co
   o.dry_run = a.count("dry-run") > 0;
   o.dtypes = dtypes;
   o.check_output = [&](const dlo::JobSpec& j, const dlo::ModelInfo& m) { outputs.format(j.format).check(j, m); };
+  o.recorded_fingerprint = [&](const dlo::JobSpec& j) {
+    const dlo::OutputFormat& f = outputs.format(j.format);
+    return f.recorded_fingerprint ? f.recorded_fingerprint(j.output) : std::string();
+  };
+  o.hold_output_dir = [&](const std::string& dir) { lock.emplace(dir, kLockFileName); };
   return dlo::plan_batch(o);
 }
 
@@ -186,6 +203,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   // Everything checkable is checked before any weight is read: the flags and options on every
   // rank, the jobs on rank 0, which shares the plan. A problem is the same error on every rank.
   std::string error, thread_note, plan_text;
+  std::optional<dlo::FolderLock> lock;  // rank 0, a batch: held until every result is written
   dlo::GenerateOptions go;
   cxxopts::ParseResult args;
   bool batch = false;
@@ -199,8 +217,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     batch = args.count("jobs") > 0;
     world.set_timeout_s(dlo::gather_timeout_setting(std::getenv("DLO_GATHER_TIMEOUT_S")));
     const int threads = dlo::bound_threads(static_cast<int>(int_flag(args, "threads")), "--threads", &thread_note);
-    at::set_num_threads(threads > 0 ? threads : std::max(1, dlo::available_cores() / std::max(1, world.local_size())));
+    if (threads > 0) at::set_num_threads(threads);
     go = generate_options(args);
+    (void)dlo::pick_device(go.device, world, "--device");  // a bad --device before anything is written
     DLO_CHECK(batch || args.count("prompt"),
               "give --prompt TEXT (one video; an empty prompt is allowed: --prompt \"\") or --jobs FILE (a batch)");
     DLO_CHECK(!(batch && args.count("prompt")), "give --prompt or --jobs, not both");
@@ -208,7 +227,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       if (args.count("report")) dlo::with_context("--report", [&] { dlo::check_output_path(args["report"].as<std::string>()); });
       const dlo::JobFlags flags = dlo::job_field_flags(args);
       const std::string dtypes = dlo::dtypes_label(go);
-      const dlo::BatchPlan plan = batch ? batch_plan(args, flags, outputs, dtypes) : prompt_plan(args, flags, outputs, dtypes);
+      const dlo::BatchPlan plan = batch ? batch_plan(args, flags, outputs, dtypes, lock) : prompt_plan(args, flags, outputs, dtypes);
       plan_text = dlo::plan_to_json(plan);
     }
   } catch (const cxxopts::exceptions::exception& e) {
@@ -217,25 +236,46 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     error = e.what();
   }
   world.check_all(error);
+  std::string threads_why = "--threads";
+  if (int_flag(args, "threads") == 0) {
+    try {
+      at::set_num_threads(dlo::default_threads(world, &threads_why));  // collective
+    } catch (const dlo::Error& e) {
+      error = e.what();  // OMP_NUM_THREADS is the same text everywhere a launcher copies it
+    }
+    world.check_all(error);
+  }
   const dlo::BatchPlan plan = dlo::plan_from_json(world.broadcast_string(plan_text, 0, "sharing the plan"));
-  // Every rank reads the model folder itself (a rank that cannot see it says so, on every rank).
+  // Every rank reads the model folder itself (a rank that cannot see it says so, on every rank) and
+  // proves it holds what rank 0 planned with: no rank renders from other weights.
   dlo::ModelInfo model;
   try {
     model = dlo::read_model_info(plan.model_dir);
+    if (world.rank() != 0) {
+      const std::string mine = dlo::model_identity(plan.model_dir);
+      DLO_CHECK(mine == plan.model_identity, "the model folder '", plan.model_dir, "' holds other files here than on rank 0 ",
+                "(identity ", mine, ", rank 0's ", plan.model_identity, "): every rank must render from the same weights");
+    }
   } catch (const dlo::Error& e) {
     error = e.what();
   }
   world.check_all(error, "start-up check (model folder)");
   const bool talk = world.rank() == 0 && !args.count("quiet");
   if (talk && !thread_note.empty()) std::cerr << tool << ": note: " << thread_note << "\n";
+  if (talk && lock && lock->took_over_stale())
+    std::cerr << tool << ": note: took over the lock of the output folder from a run that is gone (" << lock->path() << ")\n";
   if (batch && talk) {
     std::cerr << world.tag() << " " << plan.jobs.size() << " job(s) to render"
-              << (plan.skipped ? dlo::str(", ", plan.skipped, " already done (results.jsonl)") : "") << "; model "
+              << (plan.skipped ? dlo::str(", ", plan.skipped, " already done (results.jsonl",
+                                          plan.recovered.empty() ? "" : dlo::str("; ", plan.recovered.size(), " by their videos' metadata"),
+                                          ")")
+                               : "")
+              << "; model "
               << plan.model_dir << "; output " << plan.output_dir << "; " << world.size() << " rank(s), "
-              << at::get_num_threads() << " thread(s) each\n";
+              << at::get_num_threads() << " thread(s) each (" << threads_why << ")\n";
   } else if (talk) {
     std::cerr << world.tag() << " model " << model.dir << "; " << dlo::job_parameters_text(plan.jobs[0].spec, model) << "\n";
-    std::cerr << world.tag() << " " << at::get_num_threads() << " thread(s) per rank; rank 0 renders, " << world.size()
+    std::cerr << world.tag() << " " << at::get_num_threads() << " thread(s) per rank (" << threads_why << "); rank 0 renders, " << world.size()
               << " rank(s) share the transformer's weights\n";
   }
   if (args.count("dry-run")) {
@@ -244,18 +284,21 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   }
 
   // Signals: stop at the next pass boundary on every rank.
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  dlo::install_stop_handlers();
 
   std::unique_ptr<dlo::ResultsLog> log;
-  if (batch && world.rank() == 0) log = std::make_unique<dlo::ResultsLog>(plan.results);
+  if (batch && world.rank() == 0) {
+    log = std::make_unique<dlo::ResultsLog>(plan.results);
+    for (const dlo::BatchJob& j : plan.recovered) log->append(dlo::result_line(dlo::recovered_result(j, model)));
+  }
   std::unique_ptr<dlo::BatchLatents> latents;
-  if (batch && args.count("save-latents"))
-    latents = outputs.open_latents(world, args["save-latents"].as<std::string>(), model, plan.jobs, dlo::dtypes_label(go));
+  if (batch && args.count("save-latents") && !plan.jobs.empty())  // nothing left to render: the file stays as it is
+    latents = outputs.open_latents(world, dlo::canonical_path(args["save-latents"].as<std::string>()), model, plan.jobs,
+                                   dlo::dtypes_label(go));
 
   dlo::Console console(world, plan, batch, args.count("quiet") > 0);
   dlo::GenerateCallbacks cb;
-  cb.stop_requested = [] { return g_signal.load() != 0; };
+  cb.stop_requested = [] { return dlo::stop_signal() != 0; };
   cb.on_phase = [&](const std::string& p) { console.phase(p); };
   cb.on_step = [&](const dlo::StepEvent& e) { console.step(e); };
   cb.on_progress = [&](const dlo::ProgressEvent& e) { console.progress(e); };
@@ -263,8 +306,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     if (log) log->append(dlo::result_line(r));
     console.result(r);
   };
-  cb.open_sink = [&](const dlo::JobSpec& j, std::int64_t w, std::int64_t h, std::int64_t frames) {
-    return outputs.format(j.format).open(j, model, w, h, frames);
+  cb.open_sink = [&](const dlo::BatchJob& j, std::int64_t w, std::int64_t h, std::int64_t frames) {
+    return outputs.format(j.spec.format).open(j, model, w, h, frames);
   };
   if (latents) {
     cb.save_latents = [&](const dlo::BatchJob& j, const at::Tensor& lat) {
@@ -274,7 +317,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   }
   const dlo::GenerateReport report = dlo::generate(world, model, plan.jobs, go, cb);
   latents.reset();  // collective close
-  const int sig = g_signal.load();
+  const int sig = dlo::stop_signal();
   if (world.rank() != 0) return report.stopped ? 128 + (sig ? sig : SIGTERM) : dlo::kExitOk;
   if (talk) std::cerr << world.tag() << " " << report.choice << "\n";
   if (args.count("report")) dlo::write_file_atomic(args["report"].as<std::string>(), dlo::report_json(report) + "\n");

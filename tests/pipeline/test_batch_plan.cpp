@@ -1,7 +1,7 @@
 // Resume and fingerprints (pipeline/batch_plan, pipeline/results): a job recorded ok is skipped
 // only while its output is whole (not missing, not emptied, not cut) and its fingerprint is
 // unchanged; the fingerprint covers every field that decides the output, the model folder's
-// contents (not its path) and the output's real location (not how it is spelled).
+// contents (not its path), never the output's location (checked on its own, however spelled).
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -103,7 +103,7 @@ TEST_CASE("resume: skip what is done and whole; render what is missing, emptied,
   CHECK(forced.problems.empty());
 }
 
-TEST_CASE("the fingerprint: every field that decides the output changes it; the id does not") {
+TEST_CASE("the fingerprint: every field that decides the video changes it; the id and the output's place do not") {
   dlo::ModelInfo info;
   info.transformer = dlo::WanTransformerConfig::preset("wan-test");
   dlo::JobSpec base;
@@ -123,33 +123,42 @@ TEST_CASE("the fingerprint: every field that decides the output changes it; the 
       case dlo::JobFieldType::kInteger: f.set(changed, std::get<std::int64_t>(*f.get(base)) + 16); break;
       case dlo::JobFieldType::kNumber: f.set(changed, 7.25); break;
     }
-    const bool decides = f.effect != dlo::JobFieldEffect::kNone;
+    // The output decides where the video goes, not what it is: plan_resume checks it on its own.
+    const bool decides = f.effect != dlo::JobFieldEffect::kNone && f.key != "output";
     CHECK((dlo::job_fingerprint(changed, info, "model-1", "bf16/fp32") != fp) == decides);
   }
   CHECK(dlo::job_fingerprint(base, info, "model-2", "bf16/fp32") != fp);  // other weights
   CHECK(dlo::job_fingerprint(base, info, "model-1", "fp32/fp32") != fp);  // other dtypes
 }
 
-TEST_CASE("the fingerprint names the output's real location, however the path is spelled") {
+TEST_CASE("the fingerprint says what a video is, not where: a job whose output moved is rendered at its new place") {
   TempDir d;
   fs::create_directories(d.path() / "out");
   dlo::ModelInfo info;
   dlo::JobSpec a;
+  a.id = "a";
   a.format = "mp4";
-  a.output = "out/a.mp4";
-  const std::string here = in_dir(d.path(), [&] { return dlo::job_fingerprint(a, info, "m", "x"); });
-  dlo::JobSpec b = a;
-  b.output = "./out/../out/a.mp4";
-  CHECK(in_dir(d.path(), [&] { return dlo::job_fingerprint(b, info, "m", "x"); }) == here);
-  dlo::JobSpec c = a;
-  c.output = (d.path() / "out" / "a.mp4").string();
-  CHECK(dlo::job_fingerprint(c, info, "m", "x") == here);
-  dlo::JobSpec e = a;
-  e.output = "sub/../out/a.mp4";
-  CHECK(in_dir(d.path(), [&] { return dlo::job_fingerprint(e, info, "m", "x"); }) == here);
-  dlo::JobSpec other = a;
-  other.output = "out/b.mp4";
-  CHECK(in_dir(d.path(), [&] { return dlo::job_fingerprint(other, info, "m", "x"); }) != here);
+  a.output = d.file("out/a.mp4");
+  dlo::JobSpec moved = a;
+  moved.output = d.file("elsewhere/a.mp4");
+  CHECK(dlo::job_fingerprint(moved, info, "m", "x") == dlo::job_fingerprint(a, info, "m", "x"));
+  // Recorded ok at out/a.mp4 (whole); the manifest now puts it elsewhere: rendered there, not
+  // skipped and not refused as changed. Spelled another way, the same place is still done.
+  const std::string fp = dlo::job_fingerprint(a, info, "m", "x");
+  dlo::test::write_file(a.output, std::string(500, 'v'));
+  dlo::test::write_file(moved.output, std::string(500, 'v'));
+  std::map<std::string, dlo::PastResult> past;
+  past["a"] = {"ok", fp, a.output, 500};
+  dlo::Manifest m;
+  m.jobs = {moved};
+  auto r = dlo::plan_resume(m, {fp}, past, false, {});
+  CHECK(r.skipped == 0);
+  CHECK(r.problems.empty());
+  REQUIRE(r.render.size() == 1);
+  m.jobs[0].output = d.file("out/../out/./a.mp4");
+  r = dlo::plan_resume(m, {fp}, past, false, {});
+  CHECK(r.skipped == 1);
+  CHECK(r.render.empty());
 }
 
 TEST_CASE("the model's identity: what the folder holds, not where it is; new weights under the same header differ") {

@@ -9,7 +9,10 @@
 #   2. a job whose ranks get SIGTERM as Slurm delivers --signal=TERM@T (to every task of the step,
 #      not the batch shell) ends on every rank within a bounded time; the script reports the stop
 #      and ends with exit code 143 (a state a rerun/requeue keys on);
-#   3. with DLO_MAX_REQUEUES=1 a job stopped by the signal is requeued once, then fails.
+#   3. with DLO_MAX_REQUEUES=1 a job stopped by the signal is requeued once, then fails;
+#   4. a job that holds no GPU, without DLO_DEVICE=cpu, is refused before srun (exit 2, named):
+#      the script never falls back to the CPU silently.
+# Cases 0-3 run with DLO_DEVICE=cpu (the test cluster has no GPUs).
 #
 #   tests/slurm/sbatch_generate.sh BIN_DIR PYTHON3
 # Exit 77 (skip) when the Slurm or munge binaries are absent or when not root.
@@ -94,7 +97,7 @@ submit() {  # submit LOG [sbatch options] -- [program args]: prints the job id
   local opts=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
   shift
-  DLO_BIN=$PROGRAM sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=5 \
+  DLO_BIN=$PROGRAM DLO_DEVICE=${DLO_DEVICE-cpu} sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=5 \
     --output="$log" --chdir="$W" "${opts[@]}" "$SBATCH_SCRIPT" "$@"
 }
 # Every rank 0..1 appears in srun's "task(s) R: ..." lines with an outcome matching $2.
@@ -166,7 +169,9 @@ done
 # ---- case 3: DLO_MAX_REQUEUES=1 requeues a stopped job once -------------------------------------
 t=$(date +%s%N)
 JOB_LOG=$W/requeue.log
-J=$(PROGRAM=/bin/sh DLO_MAX_REQUEUES=1 submit "$JOB_LOG" --requeue -- -c 'echo "rank $SLURM_PROCID restart ${SLURM_RESTART_COUNT:-0}"; exit 143') \
+printf '#!/bin/sh\necho "rank $SLURM_PROCID restart ${SLURM_RESTART_COUNT:-0}"; exit 143\n' >"$W/exit143.sh"
+chmod +x "$W/exit143.sh"
+J=$(PROGRAM=$W/exit143.sh DLO_MAX_REQUEUES=1 submit "$JOB_LOG" --requeue --) \
   || { fail "case 3: sbatch refused the script"; exit 1; }
 end=$(( $(date +%s) + 60 ))
 while STATE=$(slurm_job_field "$J" JobState); RESTARTS=$(slurm_job_field "$J" Restarts); \
@@ -177,6 +182,16 @@ done
 say "case 3: job $J $STATE after $RESTARTS restart(s), exit code $(slurm_job_field "$J" ExitCode), in $(secs "$t") s"
 [ "$(grep -c "requeueing (restart 1 of 1)" "$JOB_LOG")" -eq 1 ] || fail "case 3: the log does not show exactly one requeue"
 grep -q "rank 1 restart 1" "$JOB_LOG" || fail "case 3: the requeued run did not start (no 'rank 1 restart 1')"
+
+# ---- case 4: no GPU in the job and no DLO_DEVICE: refused before srun, not a silent CPU run -------
+JOB_LOG=$W/nogpu.log
+J=$(DLO_DEVICE= submit "$JOB_LOG" -- "${RUN_ARGS[@]}") || { fail "case 4: sbatch refused the script"; exit 1; }
+STATE=$(slurm_job_wait "$J" 60)
+EXIT=$(slurm_job_field "$J" ExitCode)
+say "case 4: job $J without a GPU: $STATE, exit code $EXIT"
+[ "$STATE" = FAILED ] && [ "$EXIT" = 2:0 ] || fail "case 4: job $J ended $STATE with exit code $EXIT (want FAILED 2:0)"
+grep -q "this job holds no GPU: submit with --gpus-per-task=1" "$JOB_LOG" || fail "case 4: no message about the missing GPU"
+! grep -q "task(s) on" "$JOB_LOG" || fail "case 4: srun ran"
 
 # ---- case 0: checked now ----------------------------------------------------------------------
 JOB_LOG=$W/signal.log

@@ -28,12 +28,18 @@ struct OutputFormat {
   std::string name;       // the job field `format`'s value
   std::string extension;  // of a job's default output ("<id><extension>"); "" for a folder
   // Checks before any work that `job`'s output can be written in this format (the format's
-  // options, the path). Throws dlo::Error naming the path or the option.
+  // options, the path) and that what it would replace is an output dlo wrote (never a manifest,
+  // weights or someone's video). Throws dlo::Error naming the path or the option.
   std::function<void(const JobSpec& job, const ModelInfo& model)> check;
-  // The sink of a job's frames (worker thread). Throws dlo::Error (the job then fails).
-  std::function<std::unique_ptr<FrameSink>(const JobSpec& job, const ModelInfo& model, std::int64_t width,
+  // The sink of a job's frames (worker thread); its metadata records the job and its fingerprint.
+  // Throws dlo::Error (the job then fails).
+  std::function<std::unique_ptr<FrameSink>(const BatchJob& job, const ModelInfo& model, std::int64_t width,
                                            std::int64_t height, std::int64_t frames)>
       open;
+  // The fingerprint an existing output at `path` records in its own metadata, when it is dlo's and
+  // whole (every frame its metadata announces is there); "" otherwise. Resume reads it for a job
+  // results.jsonl has no line for (its run stopped between writing the video and recording it).
+  std::function<std::string(const std::string& path)> recorded_fingerprint;
 };
 
 // The final latents of a batch's jobs, all ranks writing one store.

@@ -3,20 +3,21 @@
 #include <ATen/ATen.h>
 
 #include "dlo/app/output_formats.h"
+#include "dlo/common/error.h"
 #include "dlo/media/latents_h5.h"
 #include "dlo/media/video_writer.h"
 
 namespace dlo {
 namespace {
 
-VideoOptions video_options(const JobSpec& job, const ModelInfo& model) {
+VideoOptions video_options(const JobSpec& job, const ModelInfo& model, const std::string& fingerprint = "") {
   VideoOptions v;
   v.format = parse_video_format(job.format);
   v.fps = static_cast<int>(job.fps);
   v.crf = static_cast<int>(job.crf);
   v.preset = job.preset;
   v.threads = 1;
-  v.tags = {{"comment", job_parameters_text(job, model)}, {"description", job_parameters_json(job, model)}};
+  v.tags = {{"comment", job_parameters_text(job, model)}, {"description", job_parameters_json(job, model, fingerprint)}};
   return v;
 }
 
@@ -31,13 +32,42 @@ class VideoSink : public FrameSink {
   VideoWriter writer_;
 };
 
+std::string tag(const ExistingVideo& v, const std::string& name) {
+  for (const auto& [k, t] : v.tags)
+    if (k == name) return t;
+  return "";
+}
+
+// An existing MP4/MKV is replaced only if dlo wrote it (its "description" tag holds the job); a
+// damaged one (the container's signature, unreadable) may be, as nothing is lost. A PNG folder is
+// replaced only if it holds nothing but frames and metadata.json (check_video_output).
+void check_replaceable(const std::string& path, VideoFormat f) {
+  if (f == VideoFormat::kPng) return;
+  const ExistingVideo e = probe_video(path, f);
+  DLO_CHECK(e.kind != ExistingVideo::kForeign, "'", path, "' exists and is not ", f == VideoFormat::kMp4 ? "an MP4" : "a Matroska",
+            " file: dlo replaces only the videos it wrote; choose another output or remove it");
+  DLO_CHECK(e.kind != ExistingVideo::kReadable || read_recorded_job(tag(e, "description")), "'", path,
+            "' exists and is a video dlo did not write (no dlo job in its metadata): dlo replaces only the videos it ",
+            "wrote; choose another output or remove it");
+}
+
 OutputFormat video_format(VideoFormat f) {
   OutputFormat o;
   o.name = video_format_name(f);
   o.extension = video_format_extension(f);
-  o.check = [](const JobSpec& job, const ModelInfo& model) { check_video_output(job.output, video_options(job, model)); };
-  o.open = [](const JobSpec& job, const ModelInfo& model, std::int64_t w, std::int64_t h, std::int64_t) {
-    return std::unique_ptr<FrameSink>(std::make_unique<VideoSink>(job.output, w, h, video_options(job, model)));
+  o.check = [f](const JobSpec& job, const ModelInfo& model) {
+    check_video_output(job.output, video_options(job, model));
+    check_replaceable(job.output, f);
+  };
+  o.open = [](const BatchJob& job, const ModelInfo& model, std::int64_t w, std::int64_t h, std::int64_t) {
+    return std::unique_ptr<FrameSink>(
+        std::make_unique<VideoSink>(job.spec.output, w, h, video_options(job.spec, model, job.fingerprint)));
+  };
+  o.recorded_fingerprint = [f](const std::string& path) -> std::string {
+    const ExistingVideo e = probe_video(path, f);
+    if (e.kind != ExistingVideo::kReadable) return "";
+    const auto job = read_recorded_job(tag(e, "description"));
+    return job && job->frames == e.frames ? job->fingerprint : "";
   };
   return o;
 }

@@ -1,11 +1,15 @@
 // The output format of dlo-generate-bare, which travels to bare GPU machines and links neither
 // libav nor HDF5: each job's frames as FILE.safetensors (tensor "frames", uint8 [frames, height,
 // width, 3], the job's parameters as metadata, as --save-latents writes latents).
+#include <sys/stat.h>
+
 #include <cstring>
+#include <optional>
 
 #include "dlo/app/output_formats.h"
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
+#include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
 
 namespace dlo {
@@ -54,9 +58,38 @@ AppOutputs make() {
     DLO_CHECK(ends_with(job.output, ".safetensors"), "'", job.output, "' is not a .safetensors file: ", kNoEncoder,
               " (uint8 [frames, height, width, 3])");
     check_output_path(job.output);
+    // An existing file is replaced only if dlo wrote it (its metadata holds the job): never a
+    // model's weights. One that cannot be read is a damaged (cut) output: nothing to lose.
+    struct stat st;
+    const std::string target = resolve_output_path(job.output);
+    if (::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+      std::optional<Checkpoint> c;
+      try {
+        c.emplace(Checkpoint::open(target));
+      } catch (const Error&) {
+      }
+      DLO_CHECK(!c || (c->metadata().count("dlo_job") && read_recorded_job(c->metadata().at("dlo_job"))), "'", job.output,
+                "' exists and is not frames dlo wrote (no dlo job in its metadata): dlo replaces only its own outputs; ",
+                "choose another output or remove it");
+    }
   };
-  f.open = [](const JobSpec& job, const ModelInfo& model, std::int64_t w, std::int64_t h, std::int64_t frames) {
-    return std::unique_ptr<FrameSink>(std::make_unique<FramesSink>(job.output, w, h, frames, job_parameters_json(job, model)));
+  f.open = [](const BatchJob& job, const ModelInfo& model, std::int64_t w, std::int64_t h, std::int64_t frames) {
+    return std::unique_ptr<FrameSink>(std::make_unique<FramesSink>(job.spec.output, w, h, frames,
+                                                                   job_parameters_json(job.spec, model, job.fingerprint)));
+  };
+  // Whole when the reader accepts it (every tensor within the file) and "frames" has the count
+  // the metadata announces.
+  f.recorded_fingerprint = [](const std::string& path) -> std::string {
+    try {
+      const Checkpoint c = Checkpoint::open(resolve_output_path(path));
+      const auto meta = c.metadata().find("dlo_job");
+      if (meta == c.metadata().end()) return "";
+      const auto job = read_recorded_job(meta->second);
+      const TensorInfo* t = c.find("frames");
+      return job && t != nullptr && !t->shape.empty() && t->shape[0] == job->frames ? job->fingerprint : "";
+    } catch (const Error&) {
+      return "";
+    }
   };
   a.formats.push_back(std::move(f));
   // The video formats of dlo-generate, known here only to be refused by name before any work.
@@ -65,7 +98,7 @@ AppOutputs make() {
     v.name = name;
     v.extension = std::string(name) == "png" ? "" : std::string(".") + (std::string(name) == "ffv1" ? "mkv" : "mp4");
     v.check = [name](const JobSpec&, const ModelInfo&) { DLO_CHECK(false, "format '", name, "': ", kNoEncoder); };
-    v.open = [name](const JobSpec&, const ModelInfo&, std::int64_t, std::int64_t, std::int64_t) -> std::unique_ptr<FrameSink> {
+    v.open = [name](const BatchJob&, const ModelInfo&, std::int64_t, std::int64_t, std::int64_t) -> std::unique_ptr<FrameSink> {
       DLO_CHECK(false, "format '", name, "': ", kNoEncoder);
     };
     a.formats.push_back(std::move(v));

@@ -1,10 +1,13 @@
 #include "dlo/app/tool.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <cstring>
 #include <iostream>
 #include <new>
@@ -13,6 +16,7 @@
 
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
+#include "dlo/common/folder_lock.h"
 #include "dlo/common/settings.h"
 #include "dlo/mpi/mpi_world.h"
 #include "dlo/io/mapped_file.h"
@@ -64,6 +68,7 @@ void on_sigbus(int, siginfo_t* info, void*) {
     put("bus error (SIGBUS) outside any mapped checkpoint");
   }
   put("; aborting all ranks\n");
+  FolderLock::release_for_exit();
   MpiWorld::abort_from_signal_handler(kExitFailed);
 }
 
@@ -78,7 +83,26 @@ void on_sigbus(int, siginfo_t* info, void*) {
       what = "uncaught exception of an unknown type";
     }
   }
+  FolderLock::release_for_exit();
   MpiWorld::abort(what, kExitFailed);
+}
+
+std::atomic<int> g_stop{0};
+
+// The first SIGINT/SIGTERM asks to stop (stop_signal()); the second stops now.
+void on_stop(int sig) {
+  int none = 0;
+  if (g_stop.compare_exchange_strong(none, sig)) return;
+  put("[");
+  put_int(g_rank.load());
+  put("/");
+  put_int(g_size.load());
+  put("] second signal ");
+  put_int(sig);
+  put(": stopping now; finished videos are kept (a rerun recognises them), the rest render on the rerun\n");
+  FolderLock::release_for_exit();
+  if (g_size.load() <= 1) ::_exit(128 + sig);
+  MpiWorld::abort_from_signal_handler(128 + sig);
 }
 
 }  // namespace
@@ -111,8 +135,19 @@ bool shared_by_every_rank(const std::exception& e) {
 
 }  // namespace
 
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+int stop_signal() { return g_stop.load(); }
+
 void end_all_ranks_unless_shared(const std::string& tool, const MpiWorld& world, const std::exception& e) {
   if (world.size() <= 1 || shared_by_every_rank(e)) return;
+  FolderLock::release_for_exit();
   MpiWorld::abort(str(tool, ": ", describe_exception(e)), exit_code_of(kind_of(e)));
 }
 
@@ -139,6 +174,47 @@ void check_output_files(const MpiWorld& world, const std::vector<std::string>& f
     }
   }
   world.check_all(error, "output check");
+}
+
+int default_threads(const MpiWorld& world, std::string* why) {
+  // This rank's CPUs and its node (a hash of the host name) to every rank.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (::sched_getaffinity(0, sizeof mine, &mine) != 0) {
+    for (int c = 0; c < available_cores() && c < CPU_SETSIZE; ++c) CPU_SET(c, &mine);
+  }
+  constexpr int kWords = CPU_SETSIZE / 64;
+  std::vector<std::int64_t> words(kWords + 1, 0);
+  words[0] = static_cast<std::int64_t>(std::hash<std::string>{}(world.host()) >> 1);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mine)) words[1 + c / 64] |= std::int64_t{1} << (c % 64);
+  const std::vector<std::int64_t> all = world.allgather(words, "thread defaults");
+  int sharing = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::int64_t* w = &all[static_cast<std::size_t>(r) * words.size()];
+    if (w[0] != words[0]) continue;
+    bool overlap = false;
+    for (int i = 1; i <= kWords && !overlap; ++i) overlap = (w[i] & words[static_cast<std::size_t>(i)]) != 0;
+    sharing += overlap;
+  }
+  // After the collective, which every rank joins whatever its environment says.
+  if (const char* env = std::getenv("OMP_NUM_THREADS"); env != nullptr && *env != '\0') {
+    // A list ("8,2": nested levels) sets the outer level first.
+    const std::string first = std::string(env).substr(0, std::string(env).find(','));
+    char* end = nullptr;
+    const long n = std::strtol(first.c_str(), &end, 10);
+    DLO_CHECK(end != first.c_str() && *end == '\0' && n > 0 && n <= 1 << 20, "OMP_NUM_THREADS='", env,
+              "' is not a positive thread count");
+    std::string note;
+    const int t = bound_threads(static_cast<int>(n), "OMP_NUM_THREADS", &note);
+    if (why != nullptr) *why = note.empty() ? str("OMP_NUM_THREADS=", n) : note;
+    return t;
+  }
+  const int cores = available_cores();
+  const int t = std::max(1, cores / std::max(1, sharing));
+  if (why != nullptr)
+    *why = str(cores, " core(s) in this rank's CPU mask, shared by ", sharing, " rank(s) of its node");
+  return t;
 }
 
 }  // namespace dlo

@@ -26,6 +26,14 @@ class MpiWorld;
 // `world` (may be null) gives the rank tag of the messages. Not thread-safe: call from main().
 void install_fault_handlers(const MpiWorld* world);
 
+// SIGINT and SIGTERM as a request to stop: the first only sets stop_signal() (a batch stops at its
+// next pass boundary on every rank and finishes the decodes already queued, a bounded few); a
+// second one stops now: "[r/n] second signal N: stopping now; ..." and every rank ends with
+// 128 + N (MPI_Abort), the output folder's lock released. What it leaves is safe to resume from:
+// partial files have temporary names, finished videos carry their job in their metadata.
+void install_stop_handlers();
+int stop_signal();  // 0 until the first
+
 // Runs a tool's body under the shared rules and returns its exit code:
 //   * body()'s return value;
 //   * an exception, as "<tool>: error: <message>" (describe_exception: no libtorch stack traces)
@@ -47,5 +55,12 @@ void end_all_ranks_unless_shared(const std::string& tool, const MpiWorld& world,
 // a regular file or a new one in a writable folder; symlinks followed; devices, FIFOs and folders
 // refused). Any failure becomes the same dlo::Error on every rank. Empty paths are skipped.
 void check_output_files(const MpiWorld& world, const std::vector<std::string>& files);
+
+// Collective: the CPU threads each rank computes with when --threads is not given. OMP_NUM_THREADS
+// when set (Slurm scripts set it from SLURM_CPUS_PER_TASK); otherwise the cores of this rank's
+// affinity mask divided among the ranks of its node whose masks overlap it: all of them when the
+// launcher binds no one (mpirun -np 2 on a laptop: half the cores each), none but itself when it
+// binds each rank to its own cores (srun --cpus-per-task=8: 8 each). `why` says which rule chose.
+int default_threads(const MpiWorld& world, std::string* why);
 
 }  // namespace dlo

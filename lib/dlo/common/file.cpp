@@ -45,6 +45,17 @@ void fsync_fd(int fd, const std::string& what) {
 
 }  // namespace
 
+std::string canonical_path(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec) return std::filesystem::path(path).lexically_normal().string();
+  std::filesystem::path c = std::filesystem::weakly_canonical(p, ec);
+  if (ec) c = p;
+  c = c.lexically_normal();
+  if (c.filename().empty() && c.has_parent_path() && c != c.root_path()) c = c.parent_path();  // no trailing '/'
+  return c.string();
+}
+
 std::string path_folder(const std::string& path) {
   const auto slash = path.rfind('/');
   if (slash == std::string::npos) return ".";

@@ -25,6 +25,12 @@ namespace dlo {
 std::string path_folder(const std::string& path);
 std::string path_name(const std::string& path);
 
+// `path` absolute and normalised, with the symbolic links of its existing part resolved
+// (std::filesystem::weakly_canonical): the one spelling of a location, for plans shared between
+// ranks and for fingerprints. Never throws (a path it cannot resolve comes back absolute and
+// normalised).
+std::string canonical_path(const std::string& path);
+
 // The path an output to `path` replaces: `path` itself, or the target of a symbolic link (links
 // followed, relative targets resolved). Throws dlo::Error if that is a directory, device, FIFO or
 // socket.

@@ -377,14 +377,24 @@ std::optional<JobFieldValue> effective_value(const JobField& f, const JobSpec& j
 
 }  // namespace
 
-std::string job_parameters_json(const JobSpec& job, const ModelInfo& info) {
+std::string job_parameters_json(const JobSpec& job, const ModelInfo& info, const std::string& fingerprint) {
   ojson j = ojson::object();
   for (const auto& f : job_fields())
     if (f.in_parameters)
       if (auto v = effective_value(f, job, info)) j[f.key] = to_json_value(*v);
   j["model"] = info.dir;
   j["dlo_version"] = dlo_version();
+  if (!fingerprint.empty()) j["fingerprint"] = fingerprint;
   return j.dump();
+}
+
+std::optional<RecordedJob> read_recorded_job(const std::string& text) {
+  const ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("dlo_version")) return std::nullopt;
+  RecordedJob r;
+  if (const auto it = j.find("fingerprint"); it != j.end() && it->is_string()) r.fingerprint = it->get<std::string>();
+  if (const auto it = j.find("frames"); it != j.end() && it->is_number_integer()) r.frames = it->get<std::int64_t>();
+  return r;
 }
 
 std::string job_output_fields_json(const JobSpec& job, const ModelInfo& info) {

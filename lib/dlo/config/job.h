@@ -143,10 +143,20 @@ std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, 
 NoiseSchedulerConfig job_scheduler_config(const JobSpec& job, const ModelInfo& info);
 
 // The job's parameters (the fields the table marks in_parameters, with their effective values,
-// then the model folder and dlo's version) as JSON, for metadata and logs; and the same as one
-// human line ("prompt: ...; seed 42; ...").
-std::string job_parameters_json(const JobSpec& job, const ModelInfo& info);
+// then the model folder, dlo's version and, when given, the job's fingerprint) as JSON, for
+// metadata and logs; and the same as one human line ("prompt: ...; seed 42; ...").
+std::string job_parameters_json(const JobSpec& job, const ModelInfo& info, const std::string& fingerprint = "");
 std::string job_parameters_text(const JobSpec& job, const ModelInfo& info);
+
+// What an output's metadata (job_parameters_json's text, as a video's "description" tag or a
+// .safetensors' "dlo_job") says of the job that wrote it: nullopt when `text` is not dlo's (no
+// "dlo_version"); fingerprint "" when the writer recorded none (before dlo 0.2), frames -1 when
+// absent.
+struct RecordedJob {
+  std::string fingerprint;
+  std::int64_t frames = -1;
+};
+std::optional<RecordedJob> read_recorded_job(const std::string& text);
 
 // Jobs as JSON (every field, by the table), to share a plan between ranks, and back.
 // jobs_from_json throws dlo::Error for text that is not such a list.

@@ -14,6 +14,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -53,6 +54,37 @@ void init_libav() {
   static std::once_flag once;
   std::call_once(once, [] { av_log_set_callback(log_callback); });
   t_last_av_error.clear();
+}
+
+// The CPU features libx264 may use: what it would detect itself, less AVX-512. x264 0.164's
+// AVX-512 macroblock-tree code (the rate control of every preset from "fast" on) reads memory it
+// never wrote: the same frames gave different H.264 streams from run to run (MALLOC_PERTURB_, the
+// number of ranks), decoding up to 82/255 apart at 480x832 (measured with the ffmpeg CLI as well;
+// mbtree=0 or asm without AVX512 are stable). The AVX2 code is as fast at Wan's sizes, and
+// encoding is a small part of a job. "" (x264's own detection) on other architectures.
+std::string x264_cpu_flags() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  std::string f;
+  auto add = [&](bool have, const char* name) {
+    if (have) f += (f.empty() ? "" : ",") + std::string(name);
+  };
+  add(__builtin_cpu_supports("sse2"), "SSE2");
+  add(__builtin_cpu_supports("sse3"), "SSE3");
+  add(__builtin_cpu_supports("ssse3"), "SSSE3");
+  add(__builtin_cpu_supports("sse4.1"), "SSE4.1");
+  add(__builtin_cpu_supports("sse4.2"), "SSE4.2");
+  add(__builtin_cpu_supports("avx"), "AVX");
+  add(__builtin_cpu_supports("avx") && __builtin_cpu_supports("fma"), "FMA3");
+  add(__builtin_cpu_supports("avx") && __builtin_cpu_supports("bmi"), "BMI1");
+  add(__builtin_cpu_supports("avx") && __builtin_cpu_supports("bmi2"), "BMI2");
+  add(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), "AVX2");
+  add(__builtin_cpu_supports("sse2") && __builtin_cpu_supports("abm"), "LZCNT");
+  if (!f.empty()) f += ",Cache64";
+  return f;
+#else
+  return "";
+#endif
 }
 
 // "<av_strerror text>" and, if libav logged an error since, " (libav: <line>)".
@@ -442,12 +474,16 @@ const char* video_format_extension(VideoFormat format) {
   return "";
 }
 
+
 void check_video_output(const std::string& path, const VideoOptions& options) {
   check_options(options);
-  if (options.format == VideoFormat::kPng)
+  if (options.format == VideoFormat::kPng) {
     check_png_folder(path);
-  else
-    check_output_path(path);
+    return;
+  }
+  DLO_CHECK(path.empty() || path.back() != '/', "'", path, "' ends with '/': ",
+            options.format == VideoFormat::kMp4 ? "an MP4" : "a Matroska", " output is a file, not a folder");
+  check_output_path(path);
 }
 
 void check_video_output(const std::string& path, int width, int height, const VideoOptions& options) {
@@ -545,6 +581,10 @@ struct VideoWriter::Impl {
         DLO_CHECK(ret >= 0, "libx264 refused preset '", options.preset, "': ", av_error(ret));
         ret = av_opt_set(enc->priv_data, "crf", std::to_string(options.crf).c_str(), 0);
         DLO_CHECK(ret >= 0, "libx264 refused crf ", options.crf, ": ", av_error(ret));
+        if (const std::string cpu = x264_cpu_flags(); !cpu.empty()) {
+          ret = av_opt_set(enc->priv_data, "x264-params", ("asm=" + cpu).c_str(), 0);
+          DLO_CHECK(ret >= 0, "libx264 refused asm=", cpu, ": ", av_error(ret));
+        }
         break;
       case VideoFormat::kFfv1:
         // The archival settings of ffmpeg's FFV1 guide: version 3 (per-slice CRCs), every frame a
@@ -786,6 +826,82 @@ void VideoWriter::finish() {
 const std::string& VideoWriter::path() const { return impl_->path; }
 
 // ---- the reader ---------------------------------------------------------------------------------
+
+namespace {
+
+bool has_signature(const std::string& path, VideoFormat format) {
+  unsigned char head[8] = {0};
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(head), sizeof head);
+  if (format == VideoFormat::kMp4) return std::memcmp(head + 4, "ftyp", 4) == 0;  // ISO BMFF's first box
+  return head[0] == 0x1a && head[1] == 0x45 && head[2] == 0xdf && head[3] == 0xa3;  // EBML (Matroska)
+}
+
+// Metadata and whole packets of a container; kDamaged when libav cannot read it to the end.
+ExistingVideo probe_container(const std::string& path) {
+  ExistingVideo v;
+  v.kind = ExistingVideo::kDamaged;
+  AVFormatContext* raw = nullptr;
+  if (avformat_open_input(&raw, path.c_str(), nullptr, nullptr) < 0) return v;
+  InputCtx in(raw);
+  const AVDictionaryEntry* e = nullptr;
+  while ((e = av_dict_get(in->metadata, "", e, AV_DICT_IGNORE_SUFFIX))) v.tags.emplace_back(lower(e->key), e->value);
+  PacketPtr pkt(av_packet_alloc());
+  DLO_CHECK(pkt != nullptr, "out of memory");
+  for (;;) {
+    const int ret = av_read_frame(in.get(), pkt.get());
+    if (ret == AVERROR_EOF) break;
+    if (ret < 0) return v;
+    const bool whole = (pkt->flags & AV_PKT_FLAG_CORRUPT) == 0;
+    const bool video = in->streams[pkt->stream_index]->codecpar->codec_type == AVMEDIA_TYPE_VIDEO;
+    av_packet_unref(pkt.get());
+    if (!whole) return v;
+    if (video) ++v.frames;
+  }
+  // A container that opens but holds no frame (an MP4 cut inside its header) is damaged too.
+  if (v.frames > 0) v.kind = ExistingVideo::kReadable;
+  return v;
+}
+
+ExistingVideo probe_png_folder(const std::string& dir) {
+  ExistingVideo v;
+  v.kind = ExistingVideo::kDamaged;
+  const nlohmann::json meta =
+      nlohmann::json::parse(read_file(dir + "/metadata.json"), nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object() || !meta.contains("tags") || !meta["tags"].is_object()) return v;
+  for (const auto& [k, t] : meta["tags"].items())
+    if (t.is_string()) v.tags.emplace_back(k, t.get<std::string>());
+  struct stat st;
+  while (::stat((dir + "/" + frame_name(v.frames)).c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) ++v.frames;
+  v.kind = ExistingVideo::kReadable;
+  return v;
+}
+
+}  // namespace
+
+ExistingVideo probe_video(const std::string& path, VideoFormat format) {
+  init_libav();
+  ExistingVideo none;
+  struct stat st;
+  if (format == VideoFormat::kPng) {
+    const std::string dir = strip_trailing_slashes(path);
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || ::access((dir + "/metadata.json").c_str(), R_OK) != 0)
+      return none;
+    try {
+      return probe_png_folder(dir);
+    } catch (const Error&) {
+      none.kind = ExistingVideo::kDamaged;
+      return none;
+    }
+  }
+  const std::string target = resolve_output_path(path);
+  if (::stat(target.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return none;
+  if (!has_signature(target, format)) {
+    none.kind = ExistingVideo::kForeign;
+    return none;
+  }
+  return probe_container(target);
+}
 
 DecodedVideo read_video(const std::string& path) {
   init_libav();

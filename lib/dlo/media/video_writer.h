@@ -98,6 +98,20 @@ class VideoWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+// What is at a video output's path before it is written, for whoever decides whether it may be
+// replaced or is already done. kNone: nothing (absent, or an empty file); kForeign: a file without
+// the format's container signature (a manifest, weights, a text: never a video); kDamaged: the
+// container's signature, or a PNG folder's metadata.json, but libav cannot read it to the end or finds no frame in it (a
+// cut copy); kReadable: its metadata and the number of whole video packets (frames) it holds.
+struct ExistingVideo {
+  enum Kind { kNone, kForeign, kDamaged, kReadable } kind = kNone;
+  std::vector<std::pair<std::string, std::string>> tags;  // names lower-case, as read_video's
+  std::int64_t frames = 0;
+};
+// Reads the container's index and packets without decoding (a PNG folder: metadata.json and the
+// frame files present). Never throws for what it finds; symbolic links are followed.
+ExistingVideo probe_video(const std::string& path, VideoFormat format);
+
 // A decoded video: RGB24 frames, [frames][height][width][3].
 struct DecodedVideo {
   int width = 0, height = 0;

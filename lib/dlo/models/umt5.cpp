@@ -136,6 +136,29 @@ at::Tensor umt5_block_forward(const Umt5BlockWeights& w, const Umt5ForwardState&
 // ---------------------------------------------------------------------------------------------
 // Model
 
+namespace {
+
+// Every tensor with its shape, and none the config does not use (see check_checkpoint_tensors);
+// the embedding may be stored as shared.weight, encoder.embed_tokens.weight or both (tied).
+void check_umt5_tensors(const WeightStore& store, const Umt5Config& c) {
+  TensorShapes expected;
+  for (const auto& s : umt5_encoder_specs(c, DType::F32))
+    if (s.name != "shared.weight") expected.emplace_back(s.name, s.shape);
+  for (const char* emb : {"shared.weight", "encoder.embed_tokens.weight"})
+    if (const TensorInfo* t = store.checkpoint().find(emb))
+      DLO_CHECK(t->shape == (std::vector<std::int64_t>{c.vocab_size, c.d_model}), store.checkpoint().source(),
+                ": tensor '", emb, "' is not [vocab_size ", c.vocab_size, ", d_model ", c.d_model, "]");
+  check_checkpoint_tensors(store, expected, {"shared.weight", "encoder.embed_tokens.weight"});
+}
+
+}  // namespace
+
+void Umt5Encoder::check_checkpoint(const std::string& dir) {
+  with_context(str("loading text encoder '", dir, "'"), [&] {
+    check_umt5_tensors(WeightStore::open(dir), Umt5Config::from_json(JsonConfig::load(dir + "/config.json")));
+  });
+}
+
 Umt5Encoder Umt5Encoder::load(const std::string& dir, at::ScalarType compute, bool load_blocks) {
   return with_context(str("loading text encoder '", dir, "'"), [&] {
     DLO_CHECK(compute == at::kFloat || compute == at::kBFloat16 || compute == at::kHalf,
@@ -143,18 +166,7 @@ Umt5Encoder Umt5Encoder::load(const std::string& dir, at::ScalarType compute, bo
     auto config = Umt5Config::from_json(JsonConfig::load(dir + "/config.json"));
     Umt5Encoder m(config, WeightStore::open(dir), compute);
     const auto& c = m.config_;
-    // Every tensor with its shape, and none the config does not use (see check_checkpoint_tensors);
-    // the embedding may be stored as shared.weight, encoder.embed_tokens.weight or both (tied).
-    {
-      TensorShapes expected;
-      for (const auto& s : umt5_encoder_specs(c, DType::F32))
-        if (s.name != "shared.weight") expected.emplace_back(s.name, s.shape);
-      for (const char* emb : {"shared.weight", "encoder.embed_tokens.weight"})
-        if (const TensorInfo* t = m.store_.checkpoint().find(emb))
-          DLO_CHECK(t->shape == (std::vector<std::int64_t>{c.vocab_size, c.d_model}), m.store_.checkpoint().source(),
-                    ": tensor '", emb, "' is not [vocab_size ", c.vocab_size, ", d_model ", c.d_model, "]");
-      check_checkpoint_tensors(m.store_, expected, {"shared.weight", "encoder.embed_tokens.weight"});
-    }
+    check_umt5_tensors(m.store_, c);
     auto get = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
       return as_dtype(m.store_.get(name, shape), umt5_weight_dtype(name, compute));
     };

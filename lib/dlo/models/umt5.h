@@ -74,6 +74,9 @@ class Umt5Encoder {
   // index). Weights are views when the checkpoint dtype is the one transformers would compute in,
   // else converted copies. With `load_blocks` false, block weights are left to an engine.
   static Umt5Encoder load(const std::string& dir, at::ScalarType compute, bool load_blocks = true);
+  // The checks load() makes of the folder (its config, every tensor's name and shape), reading the
+  // checkpoint's header only: for the start of a batch, before any work. Throws as load().
+  static void check_checkpoint(const std::string& dir);
 
   const Umt5Config& config() const { return config_; }
   at::ScalarType compute_dtype() const { return compute_; }

@@ -158,25 +158,36 @@ at::Tensor wan_vae_decoder_chunk(const WanVaeDecoderWeights& w, const at::Tensor
 // ---------------------------------------------------------------------------------------------
 // Model
 
+namespace {
+
+// The whole AutoencoderKLWan (encoder too) with its shapes, nothing else: see
+// check_checkpoint_tensors. The decoder's tensors first: a mismatch is reported on the part that runs.
+void check_vae_tensors(const WeightStore& store, const WanVaeConfig& c) {
+  TensorShapes expected;
+  std::set<std::string> decoder;
+  for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/false)) {
+    expected.emplace_back(spec.name, spec.shape);
+    decoder.insert(spec.name);
+  }
+  for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/true))
+    if (!decoder.count(spec.name)) expected.emplace_back(spec.name, spec.shape);
+  check_checkpoint_tensors(store, expected);
+}
+
+}  // namespace
+
+void WanVae::check_checkpoint(const std::string& dir) {
+  with_context(str("loading vae '", dir, "'"), [&] {
+    check_vae_tensors(WeightStore::open(dir), WanVaeConfig::from_json(JsonConfig::load(dir + "/config.json")));
+  });
+}
+
 WanVae WanVae::load(const std::string& dir, at::ScalarType compute) {
   return with_context(str("loading vae '", dir, "'"), [&] {
     auto config = WanVaeConfig::from_json(JsonConfig::load(dir + "/config.json"));
     WanVae m(config, WeightStore::open(dir), compute);
     const auto& c = m.config_;
-    // The whole AutoencoderKLWan (encoder too) with its shapes, nothing else: see
-    // check_checkpoint_tensors.
-    {
-      // The decoder's tensors first: a mismatch is reported on the part that runs.
-      TensorShapes expected;
-      std::set<std::string> decoder;
-      for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/false)) {
-        expected.emplace_back(spec.name, spec.shape);
-        decoder.insert(spec.name);
-      }
-      for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/true))
-        if (!decoder.count(spec.name)) expected.emplace_back(spec.name, spec.shape);
-      check_checkpoint_tensors(m.store_, expected);
-    }
+    check_vae_tensors(m.store_, c);
     std::map<std::string, std::vector<std::int64_t>> shapes;
     for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/false)) shapes[spec.name] = spec.shape;
     auto get = [&](const std::string& name) {

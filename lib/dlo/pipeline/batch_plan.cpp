@@ -14,19 +14,38 @@ namespace dlo {
 
 using json = nlohmann::json;
 
-std::string plan_to_json(const BatchPlan& p) {
+namespace {
+
+json batch_jobs_json(const std::vector<BatchJob>& jobs) {
   std::vector<JobSpec> specs;
   json meta = json::array();
-  for (const auto& j : p.jobs) {
+  for (const auto& j : jobs) {
     specs.push_back(j.spec);
     meta.push_back({{"index", j.index}, {"fingerprint", j.fingerprint}});
   }
+  return {{"specs", json::parse(jobs_to_json(specs))}, {"meta", meta}};
+}
+
+std::vector<BatchJob> batch_jobs_from_json(const json& j) {
+  const std::vector<JobSpec> specs = jobs_from_json(j.at("specs").dump());
+  const json& meta = j.at("meta");
+  DLO_CHECK_KIND(ErrorKind::kInternal, meta.size() == specs.size(), "a plan whose jobs and their indices differ in length");
+  std::vector<BatchJob> jobs;
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    jobs.push_back({specs[i], meta[i].at("index").get<std::int64_t>(), meta[i].at("fingerprint").get<std::string>()});
+  return jobs;
+}
+
+}  // namespace
+
+std::string plan_to_json(const BatchPlan& p) {
   return json({{"model", p.model_dir},
+               {"model_identity", p.model_identity},
                {"output_dir", p.output_dir},
                {"results", p.results},
                {"skipped", p.skipped},
-               {"jobs", json::parse(jobs_to_json(specs))},
-               {"job_meta", meta}})
+               {"jobs", batch_jobs_json(p.jobs)},
+               {"recovered", batch_jobs_json(p.recovered)}})
       .dump();
 }
 
@@ -35,14 +54,12 @@ BatchPlan plan_from_json(const std::string& text) {
     const json j = json::parse(text);
     BatchPlan p;
     p.model_dir = j.at("model");
+    p.model_identity = j.at("model_identity");
     p.output_dir = j.at("output_dir");
     p.results = j.at("results");
     p.skipped = j.at("skipped");
-    const std::vector<JobSpec> specs = jobs_from_json(j.at("jobs").dump());
-    const json& meta = j.at("job_meta");
-    DLO_CHECK_KIND(ErrorKind::kInternal, meta.size() == specs.size(), "a plan whose jobs and job_meta differ in length");
-    for (std::size_t i = 0; i < specs.size(); ++i)
-      p.jobs.push_back({specs[i], meta[i].at("index").get<std::int64_t>(), meta[i].at("fingerprint").get<std::string>()});
+    p.jobs = batch_jobs_from_json(j.at("jobs"));
+    p.recovered = batch_jobs_from_json(j.at("recovered"));
     return p;
   } catch (const json::exception& e) {
     throw Error(str("a batch plan that is not valid JSON: ", e.what()), ErrorKind::kInternal);
@@ -74,26 +91,64 @@ bool output_intact(const std::string& path, std::int64_t recorded_bytes) {
 }
 
 ResumeResult plan_resume(const Manifest& m, const std::vector<std::string>& fingerprints,
-                         const std::map<std::string, PastResult>& past, bool force) {
+                         const std::map<std::string, PastResult>& past, bool force,
+                         const std::function<std::string(const JobSpec&)>& recorded_fingerprint) {
   DLO_ASSERT(fingerprints.size() == m.jobs.size(), fingerprints.size(), " fingerprints for ", m.jobs.size(), " jobs");
   ResumeResult r;
   for (std::size_t i = 0; i < m.jobs.size(); ++i) {
     const JobSpec& j = m.jobs[i];
-    const auto it = past.find(j.id);
-    const bool done = it != past.end() && it->second.status == "ok" && output_intact(j.output, it->second.output_bytes);
-    if (done && !force) {
-      if (fingerprints[i] == it->second.fingerprint) {
-        ++r.skipped;
-        continue;
-      }
-      r.problems.push_back({m.path, static_cast<std::int64_t>(i), j.id, "",
-                            str("changed since its video '", j.output, "' was rendered (parameters fingerprint ",
-                                it->second.fingerprint, ", now ", fingerprints[i], "); --force renders it again"),
+    const auto ji = static_cast<std::int64_t>(i);
+    auto changed = [&](const std::string& was, const char* where) {
+      r.problems.push_back({m.path, ji, j.id, "",
+                            str("changed since its video '", j.output, "' was rendered (parameters fingerprint ", was,
+                                where, ", now ", fingerprints[i], "); --force renders it again"),
                             i < m.job_lines.size() ? m.job_lines[i] : -1, -1});
+    };
+    const auto it = past.find(j.id);
+    if (force) {
+      r.render.push_back(ji);
       continue;
     }
-    r.render.push_back(static_cast<std::int64_t>(i));
+    // An ok line for this job's video where the job now puts it (a job whose output moved is rendered
+    // at its new place; the fingerprint says what a video is, not where).
+    const bool ok_here = it != past.end() && it->second.status == "ok" &&
+                         canonical_path(it->second.output) == canonical_path(j.output);
+    if (ok_here && output_intact(j.output, it->second.output_bytes)) {
+      if (fingerprints[i] == it->second.fingerprint)
+        ++r.skipped;
+      else
+        changed(it->second.fingerprint, "");
+      continue;
+    }
+    // No ok line for this place: the run that wrote the video may have stopped before recording it.
+    if (!ok_here && recorded_fingerprint) {
+      if (const std::string was = recorded_fingerprint(j); !was.empty()) {
+        if (was == fingerprints[i]) {
+          ++r.skipped;
+          r.recovered.push_back(ji);
+        } else {
+          changed(was, " in its metadata");
+        }
+        continue;
+      }
+    }
+    r.render.push_back(ji);
   }
+  return r;
+}
+
+JobResult recovered_result(const BatchJob& job, const ModelInfo& model) {
+  JobResult r;
+  r.id = job.spec.id;
+  r.index = job.index;
+  r.output = job.spec.output;
+  r.output_bytes = output_bytes(job.spec.output);
+  r.fingerprint = job.fingerprint;
+  r.frames = job.spec.frames;
+  r.height = job.spec.height;
+  r.width = job.spec.width;
+  r.parameters_json = job_parameters_json(job.spec, model);
+  r.recovered = true;
   return r;
 }
 
@@ -131,29 +186,47 @@ void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFo
 }
 
 BatchPlan plan_batch(const BatchPlanOptions& o) {
-  const Manifest m = load_manifest(o.manifest, o.flags, o.model, o.output_dir, o.formats);
-  const ModelInfo model = read_model_info(m.model);
-  auto problems = check_manifest(m, model, [&](const JobSpec& j) {
-    if (o.check_output) o.check_output(j, model);
-  });
+  // Every problem in one run: the manifest's own, then those that need the model's configs and
+  // the outputs (a misspelt key and a height that is not a multiple of 16 both show at once).
+  const Manifest m = read_manifest(o.manifest, o.flags, o.model, o.output_dir, o.formats);
+  std::vector<ManifestProblem> problems = m.problems;
+  if (m.model.empty()) throw_manifest_problems(std::move(problems));  // no model: reported among them
+  ModelInfo model;
+  try {
+    model = read_model_info(m.model);
+  } catch (const Error& e) {
+    if (problems.empty()) throw;
+    problems.push_back({m.path, -1, "", "model", e.what()});
+    throw_manifest_problems(std::move(problems));
+  }
+  for (auto& p : check_manifest(m, model, [&](const JobSpec& j) {
+         if (o.check_output) o.check_output(j, model);
+       }))
+    problems.push_back(std::move(p));
   BatchPlan p;
-  p.model_dir = m.model;
-  p.output_dir = m.output_dir;
-  p.results = m.output_dir + "/" + kResultsFileName;
+  p.model_dir = canonical_path(m.model);
+  p.output_dir = canonical_path(m.output_dir);
+  p.results = p.output_dir + "/" + kResultsFileName;
   std::vector<std::string> fingerprints;
   if (problems.empty()) {
-    const std::string identity = model_identity(m.model);
-    for (const auto& j : m.jobs) fingerprints.push_back(job_fingerprint(j, model, identity, o.dtypes));
-    const ResumeResult r = plan_resume(m, fingerprints, read_results(p.results), o.force);
+    p.model_identity = model_identity(m.model);
+    for (const auto& j : m.jobs) fingerprints.push_back(job_fingerprint(j, model, p.model_identity, o.dtypes));
+    const ResumeResult r = plan_resume(m, fingerprints, read_results(p.results), o.force, o.recorded_fingerprint);
     problems = r.problems;
     p.skipped = r.skipped;
-    for (const std::int64_t i : r.render)
-      p.jobs.push_back({m.jobs[static_cast<std::size_t>(i)], i, fingerprints[static_cast<std::size_t>(i)]});
+    auto planned = [&](std::int64_t i) {
+      JobSpec spec = m.jobs[static_cast<std::size_t>(i)];
+      spec.output = canonical_path(spec.output);
+      return BatchJob{std::move(spec), i, fingerprints[static_cast<std::size_t>(i)]};
+    };
+    for (const std::int64_t i : r.render) p.jobs.push_back(planned(i));
+    for (const std::int64_t i : r.recovered) p.recovered.push_back(planned(i));
   }
-  if (!problems.empty()) throw ManifestError(std::move(problems));
+  if (!problems.empty()) throw_manifest_problems(std::move(problems));
   if (o.dry_run) return p;  // writes nothing
   create_output_folders(m);
-  for (const auto& j : m.jobs) remove_stale_temporaries(j.output);  // left by a killed run
+  if (o.hold_output_dir) o.hold_output_dir(p.output_dir);
+  for (const auto& j : m.jobs) remove_stale_temporaries(j.output);  // left by a killed run, not a running one
   return p;
 }
 

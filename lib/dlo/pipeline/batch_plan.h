@@ -25,11 +25,17 @@ struct BatchJob {
   std::string fingerprint;  // job_fingerprint, computed once by rank 0
 };
 
+// Paths in a plan are canonical (canonical_path: absolute, links resolved), resolved once by rank 0,
+// so every rank reads and writes the same locations whatever its working directory.
 struct BatchPlan {
   std::string model_dir, output_dir;
+  std::string model_identity;   // model_identity(model_dir) on rank 0: every rank must hold the same
   std::string results;          // results.jsonl's path ("": one prompt, no results file)
   std::vector<BatchJob> jobs;   // to render, in manifest order
   std::int64_t skipped = 0;     // recorded as done, unchanged, with their outputs intact
+  // Of the skipped: done by their outputs' own metadata (plan_resume), with no line in
+  // results.jsonl yet; rank 0 records them before rendering.
+  std::vector<BatchJob> recovered;
 };
 
 // The plan as JSON, and back (dlo::Error, kind internal, for text that is not a plan).
@@ -47,16 +53,25 @@ bool output_intact(const std::string& path, std::int64_t recorded_bytes);
 
 struct ResumeResult {
   std::vector<std::int64_t> render;       // indices into manifest.jobs, in order
+  std::vector<std::int64_t> recovered;    // skipped by their outputs' metadata (no line), in order
   std::int64_t skipped = 0;
   std::vector<ManifestProblem> problems;  // jobs that changed since their video was rendered
 };
 
 // Resume: a job of `manifest` (fingerprints[i] its fingerprint) is skipped when `past` records it
 // ok with the same fingerprint and its output is intact; a job recorded ok whose output is intact
-// but whose fingerprint changed is a problem (its video would be replaced) unless `force`; every
-// other job renders. Reads only the outputs' sizes.
+// but whose fingerprint changed is a problem (its video would be replaced) unless `force`. A job
+// `past` has no ok line for is skipped as recovered when `recorded_fingerprint` (the app's reader of
+// an output's own metadata; "" for none, a damaged or a cut output) gives its fingerprint, and is
+// a problem when it gives another. Every other job renders; `force` renders every job. Reads
+// only the outputs' sizes, and the metadata of outputs without a line.
 ResumeResult plan_resume(const Manifest& manifest, const std::vector<std::string>& fingerprints,
-                         const std::map<std::string, PastResult>& past, bool force);
+                         const std::map<std::string, PastResult>& past, bool force,
+                         const std::function<std::string(const JobSpec&)>& recorded_fingerprint = {});
+
+// The results.jsonl record of a recovered job (BatchPlan::recovered): ok, its output's size now,
+// `recovered` set, no timings.
+JobResult recovered_result(const BatchJob& job, const ModelInfo& model);
 
 // ---- planning on rank 0, before any weight is read
 
@@ -80,12 +95,17 @@ struct BatchPlanOptions {
   std::string dtypes;                        // the compute dtypes (they decide the bytes)
   // The app's check of a job's output (its format's options and path); throws dlo::Error.
   std::function<void(const JobSpec& job, const ModelInfo& model)> check_output;
+  // The fingerprint a job's existing output records in its metadata ("" for none): plan_resume.
+  std::function<std::string(const JobSpec& job)> recorded_fingerprint;
+  // Called (unless dry_run) once the output folder exists, before anything in it is touched: the
+  // app takes the folder's lock here (FolderLock), so a second batch on it is refused.
+  std::function<void(const std::string& output_dir)> hold_output_dir;
 };
 
 // Rank 0: the manifest read and checked (load_manifest, check_manifest), every job fingerprinted
 // (job_fingerprint with the model folder's identity), resume applied (plan_resume against
-// results.jsonl in the output folder), and, unless dry_run, the output folders created and the
-// temporaries of killed writers removed. Throws ManifestError with every problem (bad fields,
+// results.jsonl in the output folder), the paths made canonical, and, unless dry_run, the output
+// folders created, the folder held (hold_output_dir) and the temporaries of killed writers removed. Throws ManifestError with every problem (bad fields,
 // changed jobs) or dlo::Error (an unreadable manifest, model folder or results file).
 BatchPlan plan_batch(const BatchPlanOptions& options);
 

@@ -185,8 +185,9 @@ Fields flag_fields(const JobFlags& flags, const OutputFormatNames& formats, Prob
   return out;
 }
 
-// Throws the problems in file order: the command line's first, then those without a line, then by line and column.
-[[noreturn]] void fail(std::vector<ManifestProblem> problems) {
+}  // namespace
+
+void throw_manifest_problems(std::vector<ManifestProblem> problems) {
   const auto rank = [](const ManifestProblem& p) {
     return std::make_tuple(p.file == "command line" ? 0 : 1, p.line, p.column);
   };
@@ -194,6 +195,10 @@ Fields flag_fields(const JobFlags& flags, const OutputFormatNames& formats, Prob
                    [&](const ManifestProblem& a, const ManifestProblem& b) { return rank(a) < rank(b); });
   throw ManifestError(std::move(problems));
 }
+
+namespace {
+
+[[noreturn]] void fail(std::vector<ManifestProblem> problems) { throw_manifest_problems(std::move(problems)); }
 
 std::string resolve(const std::string& base, const std::string& p) {
   if (p.empty() || fs::path(p).is_absolute() || base.empty()) return p;
@@ -268,6 +273,9 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
 
   std::map<std::string, std::size_t> outputs;  // path_key -> job
   const std::string results = path_key(resolve(m.output_dir, kResultsFileName));
+  // What the batch reads may never be written: the manifest, anything in the model folder.
+  const std::string manifest_file = canonical_path(path);
+  const std::string model_folder = m.model.empty() ? "" : canonical_path(m.model) + "/";
   for (std::size_t i = 0; i < n; ++i) {
     if (!raw[i].usable) continue;
     const auto ji = static_cast<std::int64_t>(i);
@@ -299,8 +307,13 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
     }
     const ManifestFieldSource& os = src["output"];
     const std::string key = path_key(job.output);
+    const std::string real = canonical_path(job.output);
     if (key == results)
       problems.add(ji, "output", str("'", job.output, "' is the batch's results file"), os.line, os.column);
+    else if (real == manifest_file)
+      problems.add(ji, "output", str("'", job.output, "' is this manifest"), os.line, os.column);
+    else if (!model_folder.empty() && (real + "/").rfind(model_folder, 0) == 0)
+      problems.add(ji, "output", str("'", job.output, "' is inside the model folder '", m.model, "'"), os.line, os.column);
     else if (auto [pos, fresh] = outputs.emplace(key, i);
              !fresh && !(duplicate_id[i] && os.kind == ManifestFieldSource::kBuiltIn))
       problems.add(ji, "output", str("'", job.output, "' is also the output of job ", pos->second, " (id '",
@@ -389,7 +402,8 @@ Manifest load_text(const std::string& path, const std::string& text, const JobFl
   model_and_output_dir(folder_of(path), model_flag, output_dir_flag, nullptr, model, output_dir, problems);
   const Fields ff = flag_fields(flags, formats, problems);
   std::vector<RawJob> raw;
-  std::istringstream in(text);
+  // A UTF-8 byte order mark (editors on some systems write one) is not part of the first prompt.
+  std::istringstream in(text.rfind("\xEF\xBB\xBF", 0) == 0 ? text.substr(3) : text);
   std::string line;
   for (std::int64_t no = 1; std::getline(in, line); ++no) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -414,7 +428,7 @@ Manifest load_text(const std::string& path, const std::string& text, const JobFl
   }
   if (raw.empty()) problems.add(-1, "", "holds no prompt (empty lines and lines starting with '#' are skipped)");
   Manifest m = resolve_jobs(path, std::move(raw), {}, ff, model, output_dir, formats, problems);
-  if (!problems.list.empty()) fail(std::move(problems.list));
+  m.problems = std::move(problems.list);
   return m;
 }
 
@@ -515,7 +529,7 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
     }
   }
   Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, formats, problems);
-  if (!problems.list.empty()) fail(std::move(problems.list));
+  m.problems = std::move(problems.list);
   return m;
 }
 
@@ -586,7 +600,14 @@ std::uint64_t default_seed_for_id(const std::string& id) {
 
 Manifest load_manifest(const std::string& path, const JobFlags& flags, const std::optional<std::string>& model_flag,
                        const std::optional<std::string>& output_dir_flag, const OutputFormatNames& formats) {
-  DLO_ASSERT(!formats.empty(), "load_manifest without output formats");
+  Manifest m = read_manifest(path, flags, model_flag, output_dir_flag, formats);
+  if (!m.problems.empty()) throw_manifest_problems(std::move(m.problems));
+  return m;
+}
+
+Manifest read_manifest(const std::string& path, const JobFlags& flags, const std::optional<std::string>& model_flag,
+                       const std::optional<std::string>& output_dir_flag, const OutputFormatNames& formats) {
+  DLO_ASSERT(!formats.empty(), "read_manifest without output formats");
   const std::string text = with_context(str("manifest '", path, "'"), [&] {
     check_regular_file(path);
     return read_file(path);
@@ -634,11 +655,19 @@ std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const Mode
     ManifestFieldSource s;
     if (i < manifest.sources.size())
       if (auto it = manifest.sources[i].find("output"); it != manifest.sources[i].end()) s = it->second;
-    const std::string dir = fs::path(job.output).parent_path().string();
+    // "a.mp4/" is the file a.mp4 in its folder, with the '/' kept for the format's check.
+    std::string bare = job.output;
+    while (bare.size() > 1 && bare.back() == '/') bare.pop_back();
+    const std::string slash = bare.size() < job.output.size() ? "/" : "";
+    const std::string dir = fs::path(bare).parent_path().string();
     const std::string d = dir.empty() ? "." : dir;
     const bool in_output_dir =
         fs::path(d).lexically_normal() == fs::path(manifest.output_dir.empty() ? "." : manifest.output_dir).lexically_normal();
     if (in_output_dir && !od_problem.empty()) continue;  // reported once, above
+    const bool reported_output = std::any_of(manifest.problems.begin(), manifest.problems.end(), [&](const ManifestProblem& p) {
+      return p.job_index == ji && p.field == "output";
+    });
+    if (reported_output) continue;  // by read_manifest (the manifest itself, another job's output, ...)
     if (!in_output_dir)
       if (std::string p = folder_problem(d); !p.empty()) {
         out.push_back({manifest.path, ji, job.id, "output", p, s.line, s.column});
@@ -647,7 +676,7 @@ std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const Mode
     if (!check_output) continue;
     JobSpec probe = job;
     if (!is_dir(d))  // the folder is created by the run: check the rest in the nearest existing one
-      probe.output = (fs::path(nearest_existing(d)) / (".dlo-check-" + fs::path(job.output).filename().string())).string();
+      probe.output = (fs::path(nearest_existing(d)) / (".dlo-check-" + fs::path(bare).filename().string())).string() + slash;
     try {
       check_output(probe);
     } catch (const Error& e) {

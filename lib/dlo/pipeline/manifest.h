@@ -34,6 +34,19 @@ struct ManifestFieldSource {
   std::int64_t line = -1, column = -1;  // 1-based, in the manifest; -1: none (flag, built-in)
 };
 
+// One problem: file, job (index from 0 and id; -1 and "" for top-level keys and `defaults`),
+// field (a job's key; "defaults.<key>" for a default; a top-level key; "--flag" for a command-line
+// value, then file is "command line"; "" for the entry itself), message, and where (1-based line
+// and column in the file; -1: unknown).
+struct ManifestProblem {
+  std::string file;
+  std::int64_t job_index = -1;
+  std::string job_id;
+  std::string field;
+  std::string message;
+  std::int64_t line = -1, column = -1;
+};
+
 struct Manifest {
   std::string path;        // the manifest file as given
   // The model folder: --model when given (as given), else the manifest's `model` resolved against
@@ -48,23 +61,12 @@ struct Manifest {
   std::vector<std::map<std::string, ManifestFieldSource>> sources;
   // Per job: the 1-based line of its entry in the manifest (-1: unknown).
   std::vector<std::int64_t> job_lines;
+  // read_manifest: the file's own problems (load_manifest throws them instead).
+  std::vector<ManifestProblem> problems;
 };
 
 // The name of the batch's results file in output_dir; no job's output may be it.
 inline constexpr const char* kResultsFileName = "results.jsonl";
-
-// One problem: file, job (index from 0 and id; -1 and "" for top-level keys and `defaults`),
-// field (a job's key; "defaults.<key>" for a default; a top-level key; "--flag" for a command-line
-// value, then file is "command line"; "" for the entry itself), message, and where (1-based line
-// and column in the file; -1: unknown).
-struct ManifestProblem {
-  std::string file;
-  std::int64_t job_index = -1;
-  std::string job_id;
-  std::string field;
-  std::string message;
-  std::int64_t line = -1, column = -1;
-};
 
 // One line per problem, joined by '\n' (no trailing newline):
 //   "prompts.yaml:12:5: job 3 (id 'fox'): steps: must be >= 1, got 0"
@@ -72,6 +74,10 @@ struct ManifestProblem {
 //   "command line: --height: 100 is not a multiple of 16 (...)"
 // (":line:column" only where known; "defaults.steps" is written "defaults: steps".)
 std::string format_problems(const std::vector<ManifestProblem>& problems);
+
+// Throws ManifestError with `problems` in file order: the command line's first, then those
+// without a line, then by line and column.
+[[noreturn]] void throw_manifest_problems(std::vector<ManifestProblem> problems);
 
 // Every problem of a manifest; what() is format_problems(problems()).
 class ManifestError : public Error {
@@ -104,6 +110,11 @@ class ManifestError : public Error {
 // not a batch field (--prompt, --out) is a problem of its own.
 Manifest load_manifest(const std::string& path, const JobFlags& flags, const std::optional<std::string>& model_flag,
                        const std::optional<std::string>& output_dir_flag, const OutputFormatNames& formats);
+// The same, keeping the file's problems in Manifest::problems instead of throwing them (a file that
+// is not valid YAML, or not a mapping, still throws): the jobs are resolved as far as they can be,
+// so that the checks that need the model (check_manifest) report theirs in the same run.
+Manifest read_manifest(const std::string& path, const JobFlags& flags, const std::optional<std::string>& model_flag,
+                       const std::optional<std::string>& output_dir_flag, const OutputFormatNames& formats);
 
 // The checks that need the model's configs and the output locations: validate_job per job (a
 // problem of a value from `defaults` or a flag is reported once, at its source); output_dir and
@@ -111,7 +122,8 @@ Manifest load_manifest(const std::string& path, const JobFlags& flags, const std
 // folder); and `check_output(job)` per job when given (the app passes check_video_output: the
 // format's options and the path; where the output's folder does not exist yet, it is called with the
 // output moved into the nearest existing folder). Its dlo::Error becomes a problem on `output`.
-// Returns every problem (empty: good). Writes nothing.
+// A job whose output already has one of manifest.problems is not checked again. Returns every
+// problem (empty: good). Writes nothing.
 std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const ModelInfo& model,
                                             const std::function<void(const JobSpec&)>& check_output = {});
 

@@ -16,22 +16,22 @@
 
 namespace dlo {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const std::string& model_identity,
                             const std::string& dtypes) {
-  json fields = json::parse(job_output_fields_json(job, model));
-  std::error_code ec;
-  const std::filesystem::path abs = std::filesystem::absolute(job.output, ec);
-  if (!ec) fields["output"] = std::filesystem::weakly_canonical(abs, ec).lexically_normal().string();
-  if (ec) fields["output"] = std::filesystem::path(job.output).lexically_normal().string();
-  const json j = {{"fingerprint_version", 2}, {"job", fields}, {"dtypes", dtypes}, {"model", model_identity}};
+  // What the video is, not where it is: a folder of videos moved or copied keeps its fingerprints
+  // (plan_resume checks the location itself), and the MP4 bytes, which carry it, do not depend on
+  // the output folder.
+  ojson fields = ojson::parse(job_output_fields_json(job, model));
+  fields.erase("output");
+  const ojson j = {{"fingerprint_version", 3}, {"job", fields}, {"dtypes", dtypes}, {"model", model_identity}};
   const std::string text = j.dump();
   return sha256_hex(text.data(), text.size()).substr(0, 16);
 }
 
 std::string result_line(const JobResult& r) {
-  json j = {{"id", r.id},
+  ojson j = {{"id", r.id},
             {"index", r.index},
             {"status", r.status},
             {"error", r.error},
@@ -49,13 +49,14 @@ std::string result_line(const JobResult& r) {
                          {"encode_s", r.encode_s},
                          {"step_s", r.step_s}}},
             {"memory", {{"rss_peak_kb", r.rss_peak_kb}, {"allocator_reserved_peak_bytes", r.allocator_reserved_peak_bytes}}},
-            {"parameters", r.parameters_json.empty() ? json::object() : json::parse(r.parameters_json)}};
+            {"parameters", r.parameters_json.empty() ? ojson::object() : ojson::parse(r.parameters_json)},
+            {"recovered", r.recovered}};
   return j.dump();
 }
 
 JobResult result_from_line(const std::string& line) {
   try {
-    const json j = json::parse(line);
+    const ojson j = ojson::parse(line);
     JobResult r;
     r.id = j.at("id");
     r.index = j.at("index");
@@ -80,8 +81,9 @@ JobResult result_from_line(const std::string& line) {
     const auto& m = j.at("memory");
     r.allocator_reserved_peak_bytes = m.value("allocator_reserved_peak_bytes", m.value("device_peak_bytes", std::int64_t{-1}));
     r.parameters_json = j.at("parameters").dump();
+    r.recovered = j.value("recovered", false);
     return r;
-  } catch (const json::exception& e) {
+  } catch (const ojson::exception& e) {
     throw Error(str("not a job result line: ", e.what()), ErrorKind::kInternal);
   }
 }
@@ -98,10 +100,10 @@ std::map<std::string, PastResult> read_results(const std::string& path) {
     const std::string line = text.substr(pos, nl - pos);
     pos = nl + 1;
     try {
-      const json j = json::parse(line);
+      const ojson j = ojson::parse(line);
       out[j.at("id").get<std::string>()] = {j.at("status"), j.at("fingerprint"), j.at("output"),
                                             j.value("output_bytes", std::int64_t{-1})};
-    } catch (const json::exception&) {
+    } catch (const ojson::exception&) {
       // Not a record (hand-edited, foreign): skipped; the job is redone.
     }
   }

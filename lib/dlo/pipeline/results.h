@@ -30,15 +30,18 @@ struct JobResult {
   std::vector<double> step_s;
   std::int64_t rss_peak_kb = -1, allocator_reserved_peak_bytes = -1;  // the second: CUDA's caching allocator, process peak so far
   std::string parameters_json;  // job_parameters_json()
+  // Recorded by a later run from the output's own metadata (the run that rendered it stopped
+  // before recording it): no timings, memory or frames_sha256.
+  bool recovered = false;
 };
 
 // The fingerprint of everything that decides a job's output bytes: 16 hex digits of a sha256 over
 // the fields the job table marks as deciding the frames or the video file (with their effective
 // values: the folder's scheduler and shift where the job sets none, no negative prompt without
-// guidance), the output as an absolute, normalised path (so "out/a.mp4" from one folder and the
-// same file named from another agree), the compute dtypes, and `model_identity`
-// (model_identity(): what the model folder holds, not where it is). A job whose fingerprint changed
-// renders a different video.
+// guidance), the compute dtypes, and `model_identity`
+// (model_identity(): what the model folder holds, not where it is). Not the output's location: it
+// says what a video is (the MP4 carries it), and plan_resume checks where it is. A job whose
+// fingerprint changed renders a different video.
 std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const std::string& model_identity,
                             const std::string& dtypes);
 

@@ -12,12 +12,14 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "dlo/common/clock.h"
 #include "dlo/common/error.h"
 #include "dlo/common/memory.h"
 #include "dlo/common/settings.h"
 #include "dlo/dist/device.h"
 #include "dlo/models/tensor_view.h"
 #include "dlo/models/torch_errors.h"
+#include "dlo/models/umt5.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/models/wan_vae.h"
 #include "dlo/mpi/mpi_world.h"
@@ -25,14 +27,19 @@
 #include "dlo/offload/wave.h"
 #include "dlo/pipeline/job_scheduler.h"
 #include "dlo/render/prompt_encoder.h"
+#include "dlo/text/tokenizer.h"
 
 namespace dlo {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using json = nlohmann::ordered_json;
+using Clock = SteadyClock;
+using ojson = nlohmann::ordered_json;
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+// Finished jobs a rank may have waiting for (or in) its VAE before it takes no new job. Two keep
+// the decoder busy while denoising goes on; after a stop a rank still decodes at most this many
+// plus the two jobs it holds (docs/slurm.md's margin).
+constexpr int kDecodeBacklog = 2;
+
 
 // A background thread running tasks in the order posted. Destroying it drops the tasks not yet
 // started and waits for the one running, so nothing a task uses is destroyed under it (declare a
@@ -148,7 +155,7 @@ class BatchRun {
     setup();
     try {
       wave();
-      wave_s_ = since(wall_t0);
+      wave_s_ = seconds_since(wall_t0);
       return finish();
     } catch (const std::exception& e) {
       // Once the wave runs, the others may be waiting for this rank in a gather: end them now,
@@ -176,6 +183,10 @@ class BatchRun {
       transformer_.emplace(WanTransformer::load(model_.dir + "/transformer", o_.dtype, /*load_blocks=*/false));
       transformer_->to_device(dev_.device);
       runner_ = std::make_unique<WanOffloadRunner>(*transformer_, ranks_);
+      // The other parts' checkpoints are checked now (headers only), not after a job's denoise.
+      Umt5Encoder::check_checkpoint(model_.dir + "/text_encoder");
+      WanVae::check_checkpoint(model_.dir + "/vae");
+      (void)T5Tokenizer::load(model_.dir + "/tokenizer");
     } catch (const Error& e) {
       error = e.what();
     }
@@ -231,7 +242,7 @@ class BatchRun {
       } catch (const std::exception& e) {
         run->fail(describe_exception(e));
       }
-      run->result.text_s = since(t0);
+      run->result.text_s = seconds_since(t0);
       ready->store(true, std::memory_order_release);
     });
     next_ = std::move(s);
@@ -240,7 +251,9 @@ class BatchRun {
   // finish, on the decode worker: the VAE decode into the job's sink.
   void finish_later(Slot slot) {
     auto run = slot.run;
+    decode_peak_ = std::max(decode_peak_, decodes_in_flight_.fetch_add(1) + 1);
     decode_worker_.post([this, run] {
+      if (o_.faults.decode_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.faults.decode_delay_ms));
       try {
         if (!vae_) vae_.emplace(WanVae::load(model_.dir + "/vae", o_.vae_dtype));
         finish_job(*run, *vae_, model_, cb_.open_sink, cb_.save_latents);
@@ -248,6 +261,7 @@ class BatchRun {
         run->fail(str("loading the VAE: ", describe_exception(e)));
       }
       finished_.push(std::move(run->result));
+      decodes_in_flight_.fetch_sub(1);
     });
   }
 
@@ -294,7 +308,11 @@ class BatchRun {
     ask.current_steps_left = current_.run ? current_.run->steps_left() : 0;
     ask.step_s = step_est_s_;
     ask.text_s = text_est_s_;
-    r.wants_job = scheduler_->should_ask(ask);
+    // A rank whose VAE is behind takes no new job: the queue of decodes (what a stop still waits
+    // for) stays bounded, at kDecodeBacklog plus the jobs it already holds.
+    const int backlog = decodes_in_flight_.load();
+    r.wants_job = scheduler_->should_ask(ask) && backlog < kDecodeBacklog;
+    if (backlog >= kDecodeBacklog && scheduler_->should_ask(ask)) ++decode_waits_;
     r.stop = cb_.stop_requested && cb_.stop_requested();
     r.pending_results = static_cast<std::int64_t>(pending_.size());
     r.current = current_.run ? current_.position : -1;
@@ -308,7 +326,7 @@ class BatchRun {
     mine.encode(words.data());
     const auto s0 = Clock::now();
     const auto all = world_.allgather(words, "pass boundary");
-    sync_s_ += since(s0);
+    sync_s_ += seconds_since(s0);
     std::vector<RankReport> reports;
     for (int r = 0; r < ranks_; ++r) reports.push_back(RankReport::decode(&all[static_cast<std::size_t>(r) * RankReport::kWords]));
     return reports;
@@ -352,7 +370,7 @@ class BatchRun {
       return;
     }
     // Any other exception is the transfers' and propagates: the collective is out of step.
-    const double s = since(t0);
+    const double s = seconds_since(t0);
     ++run.steps_done;
     run.result.step_s.push_back(s);
     run.result.denoise_s += s;
@@ -411,13 +429,15 @@ class BatchRun {
 
     const ProcessMemory end = read_process_memory();
     const DeviceMemory dm = device_memory(dev_.device);
-    json mine = {{"rank", me_},
+    ojson mine = {{"rank", me_},
                  {"host", world_.host()},
                  {"local_rank", world_.local_rank()},
                  {"device", dev_.device.str()},
                  {"traversals", traversals_},
                  {"ghost_traversals", ghosts_},
                  {"idle_traversals", idle_},
+                 {"decode_backlog_peak", decode_peak_},
+                 {"passes_waiting_for_decodes", decode_waits_},
                  {"boundary_wait_s", sync_s_},
                  {"wave_s", wave_s_},
                  {"working_bytes_estimate", memory_.working},
@@ -429,11 +449,11 @@ class BatchRun {
                  {"rss_kb_at_start", at_start_.rss_kb},
                  {"rss_kb", end.rss_kb},
                  {"rss_peak_kb", end.hwm_kb}};
-    mine.update(json::parse(engine_stats_json(es)));
+    mine.update(ojson::parse(engine_stats_json(es)));
     const auto all = world_.gather_strings(mine.dump(), 0, "collecting rank facts");
     if (me_ == 0) {
-      json arr = json::array();
-      for (const auto& s : all) arr.push_back(json::parse(s));
+      ojson arr = ojson::array();
+      for (const auto& s : all) arr.push_back(ojson::parse(s));
       report_.ranks_json = arr.dump(2);
       std::sort(report_.jobs.begin(), report_.jobs.end(),
                 [](const JobResult& a, const JobResult& b) { return a.index < b.index; });
@@ -457,13 +477,15 @@ class BatchRun {
   std::int64_t scheduler_pass_ = 0;
   GenerateReport report_;
   std::vector<std::string> pending_;  // this rank's result lines not yet at rank 0
-  std::int64_t done_ = 0, failed_ = 0, traversals_ = 0, ghosts_ = 0, idle_ = 0;
+  std::int64_t done_ = 0, failed_ = 0, traversals_ = 0, ghosts_ = 0, idle_ = 0, decode_waits_ = 0;
+  int decode_peak_ = 0;
   double sync_s_ = 0, text_est_s_ = 0, step_est_s_ = 0, wave_s_ = 0;
   ProcessMemory at_start_;
   // Used by the workers' tasks: declared before the workers.
   std::optional<PromptEncoder> text_;  // text worker only
   std::optional<WanVae> vae_;          // decode worker only
   ResultQueue finished_;
+  std::atomic<int> decodes_in_flight_{0};  // posted to the decode worker, not yet finished
   Slot current_, next_;
   Worker text_worker_, decode_worker_;  // destroyed first
 };
@@ -475,9 +497,9 @@ std::string dtypes_label(const GenerateOptions& o) {
 }
 
 std::string report_json(const GenerateReport& report) {
-  json j = {{"choice", report.choice}, {"stopped", report.stopped}, {"jobs", json::array()}};
-  for (const auto& r : report.jobs) j["jobs"].push_back(json::parse(result_line(r)));
-  j["ranks"] = report.ranks_json.empty() ? json::array() : json::parse(report.ranks_json);
+  ojson j = {{"choice", report.choice}, {"stopped", report.stopped}, {"jobs", ojson::array()}};
+  for (const auto& r : report.jobs) j["jobs"].push_back(ojson::parse(result_line(r)));
+  j["ranks"] = report.ranks_json.empty() ? ojson::array() : ojson::parse(report.ranks_json);
   return j.dump(2);
 }
 

@@ -46,6 +46,7 @@ struct FaultHooks {
   int transfer_rank = -1;                            // ... on this rank (-1: every rank)
   std::int64_t io_pass = -1;                         // at this pass boundary ...
   int io_rank = -1;                                  // ... this rank fails with an I/O error
+  std::int64_t decode_delay_ms = 0;                  // every decode waits this long first
 };
 
 struct GenerateOptions {

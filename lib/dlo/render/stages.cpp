@@ -29,7 +29,7 @@ void save_latents_safetensors(const BatchJob& job, const ModelInfo& model, const
   write_safetensors_file(
       job.spec.save_latents, {TensorSpec{"latents", from_scalar_type(lat.scalar_type()), shape}},
       [&](std::size_t, const TensorSpec& spec, std::byte* out) { std::memcpy(out, lat.data_ptr(), spec.nbytes()); },
-      {{"format", "pt"}, {"dlo_job", job_parameters_json(job.spec, model)}});
+      {{"format", "pt"}, {"dlo_job", job_parameters_json(job.spec, model, job.fingerprint)}});
 }
 
 }  // namespace
@@ -124,7 +124,7 @@ void finish_job(JobRun& run, const WanVae& vae, const ModelInfo& model, const Si
         sink_s += seconds_since(s0);
       };
       std::unique_ptr<FrameSink> sink;
-      if (open_sink) timed([&] { sink = open_sink(job, width, height, frames); });
+      if (open_sink) timed([&] { sink = open_sink(run.job, width, height, frames); });
       Sha256 sha;
       const auto frame_bytes = static_cast<std::size_t>(height * width * 3);
       vae.decode_frames(z, [&](std::int64_t, const at::Tensor& chunk) {

@@ -88,7 +88,7 @@ using BlockHook = std::function<void(std::int64_t step, std::int64_t block)>;
 void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook = {});
 
 // Opens the sink of a job's frames (width, height, frames); may throw (the job then fails).
-using SinkFactory = std::function<std::unique_ptr<FrameSink>(const JobSpec& job, std::int64_t width,
+using SinkFactory = std::function<std::unique_ptr<FrameSink>(const BatchJob& job, std::int64_t width,
                                                              std::int64_t height, std::int64_t frames)>;
 // Keeps a job's final latents before decoding. Unset: a job with save_latents set writes them as
 // .safetensors with the job's parameters as metadata.
