@@ -10,13 +10,8 @@
 # MP4s of two runs decoded up to 82/255 apart; on a CPU without AVX-512 the old code was stable too.
 #   mp4_determinism_cli.sh BIN_DIR
 set -euo pipefail
-BIN=$(cd "$1" && pwd)
-T=$(mktemp -d)
-cleanup() { pkill -KILL -f "$T/" 2>/dev/null || true; rm -rf "$T"; }
-trap cleanup EXIT
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=tests/common/cli.sh
+source "$(dirname "$0")/../common/cli.sh" "$1"
 "$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --layers 2 --dtype bf16 --rope-max-seq-len 1024 >/dev/null
 manifest() {  # manifest FORMAT
   cat <<EOF

@@ -12,13 +12,8 @@
 #  7. --save-latents FILE.h5 read back with h5py equals each job's latents written alone.
 #   batch_cli.sh BIN_DIR
 set -euo pipefail
-BIN=$1
-T=$(mktemp -d)
-cleanup() { pkill -KILL -f "$T/" 2>/dev/null || true; rm -rf "$T"; }
-trap cleanup EXIT
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=tests/common/cli.sh
+source "$(dirname "$0")/../common/cli.sh" "$1"
 "$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null
 
 cat >"$T/jobs.yaml" <<EOF

@@ -27,13 +27,8 @@
 #     decode), exit 143, lock released; the rerun renders the rest.
 #   hardening_cli.sh BIN_DIR
 set -euo pipefail
-BIN=$(cd "$1" && pwd)
-T=$(mktemp -d)
-cleanup() { pkill -KILL -f "$T/" 2>/dev/null || true; rm -rf "$T"; }
-trap cleanup EXIT
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=tests/common/cli.sh
+source "$(dirname "$0")/../common/cli.sh" "$1"
 GEN=("$BIN/dlo-generate" --threads 1 --quiet)
 make_model() { "$BIN/dlo-checkpoint" make "$1" --preset wan-test --layers 2 --dtype bf16 --rope-max-seq-len 4096 "${@:2}" >/dev/null; }
 make_model "$T/m"
