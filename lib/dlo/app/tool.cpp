@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -68,7 +70,6 @@ void on_sigbus(int, siginfo_t* info, void*) {
     put("bus error (SIGBUS) outside any mapped checkpoint");
   }
   put("; aborting all ranks\n");
-  FolderLock::release_for_exit();
   MpiWorld::abort_from_signal_handler(kExitFailed);
 }
 
@@ -83,26 +84,35 @@ void on_sigbus(int, siginfo_t* info, void*) {
       what = "uncaught exception of an unknown type";
     }
   }
-  FolderLock::release_for_exit();
   MpiWorld::abort(what, kExitFailed);
 }
 
-std::atomic<int> g_stop{0};
+std::atomic<int> g_stop{0};      // the first stop signal
+std::atomic<int> g_stop_again{0};  // a later one
 
-// The first SIGINT/SIGTERM asks to stop (stop_signal()); the second stops now.
+// The handler only records; a watcher thread acts on a second signal from a normal thread
+// context (MPI_Abort, the lock, stderr are not safe in a handler that may have interrupted any
+// thread inside malloc or MPI).
 void on_stop(int sig) {
   int none = 0;
-  if (g_stop.compare_exchange_strong(none, sig)) return;
-  put("[");
-  put_int(g_rank.load());
-  put("/");
-  put_int(g_size.load());
-  put("] second signal ");
-  put_int(sig);
-  put(": stopping now; finished videos are kept (a rerun recognises them), the rest render on the rerun\n");
-  FolderLock::release_for_exit();
-  if (g_size.load() <= 1) ::_exit(128 + sig);
-  MpiWorld::abort_from_signal_handler(128 + sig);
+  if (!g_stop.compare_exchange_strong(none, sig)) g_stop_again.store(sig);
+}
+
+void watch_for_second_signal() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const int sig = g_stop_again.load();
+    if (sig == 0) continue;
+    const std::string what = str("second signal ", sig,
+                                 ": stopping now; finished videos are kept (a rerun recognises them), the rest render on the rerun");
+    if (g_size.load() <= 1) {
+      std::fprintf(stderr, "%s\n", what.c_str());
+      std::fflush(stderr);
+      FolderLock::release_for_exit();
+      std::_Exit(128 + sig);
+    }
+    MpiWorld::abort(what, 128 + sig);  // releases the lock too
+  }
 }
 
 }  // namespace
@@ -136,18 +146,21 @@ bool shared_by_every_rank(const std::exception& e) {
 }  // namespace
 
 void install_stop_handlers() {
+  static std::atomic<bool> installed{false};
+  if (installed.exchange(true)) return;
   struct sigaction sa {};
   sa.sa_handler = on_stop;
+  sa.sa_flags = SA_RESTART;  // the first signal must not make blocking calls fail with EINTR
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  std::thread(watch_for_second_signal).detach();
 }
 
 int stop_signal() { return g_stop.load(); }
 
 void end_all_ranks_unless_shared(const std::string& tool, const MpiWorld& world, const std::exception& e) {
   if (world.size() <= 1 || shared_by_every_rank(e)) return;
-  FolderLock::release_for_exit();
   MpiWorld::abort(str(tool, ": ", describe_exception(e)), exit_code_of(kind_of(e)));
 }
 

@@ -28,8 +28,9 @@ void install_fault_handlers(const MpiWorld* world);
 
 // SIGINT and SIGTERM as a request to stop: the first only sets stop_signal() (a batch stops at its
 // next pass boundary on every rank and finishes the decodes already queued, a bounded few); a
-// second one stops now: "[r/n] second signal N: stopping now; ..." and every rank ends with
-// 128 + N (MPI_Abort), the output folder's lock released. What it leaves is safe to resume from:
+// second one stops now (acted on within 20 ms by a watcher thread, not in the handler):
+// "[r/n] fatal: second signal N: stopping now; ..." and every rank ends with 128 + N
+// (MPI_Abort), the output folder's lock released. What it leaves is safe to resume from:
 // partial files have temporary names, finished videos carry their job in their metadata.
 void install_stop_handlers();
 int stop_signal();  // 0 until the first

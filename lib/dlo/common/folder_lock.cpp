@@ -78,8 +78,10 @@ std::string holder_text(const LockHolder& h) {
 LockHolder parse_holder(const std::string& text) {
   LockHolder h;
   std::istringstream in(text);
-  std::string key, value;
-  while (in >> key && std::getline(in >> std::ws, value)) {
+  for (std::string line; std::getline(in, line);) {
+    const auto sp = line.find(' ');
+    if (sp == std::string::npos) continue;
+    const std::string key = line.substr(0, sp), value = line.substr(sp + 1);
     if (key == "host") h.host = value;
     else if (key == "pid") h.pid = std::atoll(value.c_str());
     else if (key == "start_ticks") h.start_ticks = std::atoll(value.c_str());
@@ -116,7 +118,7 @@ bool create_exclusive(const std::string& path, const std::string& text, double* 
   int rc = ::link(temp.c_str(), path.c_str());
   err = errno;
   ::unlink(temp.c_str());
-  if (rc != 0 && (err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == EXDEV || err == EMLINK)) {
+  if (rc != 0 && (err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == EXDEV || err == EMLINK || err == ENOSYS)) {
     // No hard links here: O_EXCL on the lock itself (its content appears a moment later).
     const int lfd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     err = errno;
@@ -129,7 +131,10 @@ bool create_exclusive(const std::string& path, const std::string& text, double* 
   }
   if (rc == 0) return true;
   DLO_CHECK_IO(err == EEXIST, "creating the lock file '", path, "': ", std::strerror(err));
-  return false;
+  // NFS: a retransmitted link() that succeeded the first time reports EEXIST; the lock is ours
+  // when it holds our text (unique: host, pid, start ticks, time).
+  bool exists = false;
+  return read_text(path, &exists) == text && exists;
 }
 
 }  // namespace
@@ -158,7 +163,10 @@ bool FolderLock::holder_gone(const LockHolder& h, double age_s) {
 
 FolderLock::FolderLock(const std::string& dir, const std::string& name) : path_(dir + "/" + name) {
   const LockHolder me = self();
-  text_ = holder_text(me);
+  // A token makes this lock's text unique (two locks of one process in one second differ), so a
+  // lock file holding exactly it is this object's.
+  static std::atomic<long long> count{0};
+  text_ = holder_text(me) + str("token ", std::chrono::steady_clock::now().time_since_epoch().count(), "-", ++count, "\n");
   for (int attempt = 0; attempt < 2; ++attempt) {
     double fs_now = 0;
     if (create_exclusive(path_, text_, &fs_now)) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "dlo/common/folder_lock.h"
 #include "dlo/common/error.h"
 
 namespace dlo {
@@ -111,6 +112,7 @@ void MpiWorld::abort(const std::string& message, int code) {
   }
   std::fprintf(stderr, "[%d/%d] fatal: %s; aborting all ranks\n", rank, size, message.c_str());
   std::fflush(stderr);
+  FolderLock::release_for_exit();  // the run is over: a rerun on any node may take the folder
   if (live) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
@@ -135,6 +137,7 @@ void MpiWorld::abort_from_signal_handler(int code) noexcept {
   int initialised = 0, finalized = 0;
   MPI_Initialized(&initialised);
   MPI_Finalized(&finalized);
+  FolderLock::release_for_exit();
   if (initialised && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
   ::_exit(code);
 }

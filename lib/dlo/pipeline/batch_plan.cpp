@@ -208,6 +208,12 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   p.output_dir = canonical_path(m.output_dir);
   p.results = p.output_dir + "/" + kResultsFileName;
   std::vector<std::string> fingerprints;
+  if (problems.empty() && !o.dry_run && o.hold_output_dir) {
+    // Held before results.jsonl and the outputs are read: a batch ending meanwhile cannot leave
+    // this one a stale plan. (Only the output folder itself is made this early.)
+    make_folders(p.output_dir);
+    o.hold_output_dir(p.output_dir);
+  }
   if (problems.empty()) {
     p.model_identity = model_identity(m.model);
     for (const auto& j : m.jobs) fingerprints.push_back(job_fingerprint(j, model, p.model_identity, o.dtypes));
@@ -225,7 +231,6 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   if (!problems.empty()) throw_manifest_problems(std::move(problems));
   if (o.dry_run) return p;  // writes nothing
   create_output_folders(m);
-  if (o.hold_output_dir) o.hold_output_dir(p.output_dir);
   for (const auto& j : m.jobs) remove_stale_temporaries(j.output);  // left by a killed run, not a running one
   return p;
 }

@@ -97,15 +97,17 @@ struct BatchPlanOptions {
   std::function<void(const JobSpec& job, const ModelInfo& model)> check_output;
   // The fingerprint a job's existing output records in its metadata ("" for none): plan_resume.
   std::function<std::string(const JobSpec& job)> recorded_fingerprint;
-  // Called (unless dry_run) once the output folder exists, before anything in it is touched: the
-  // app takes the folder's lock here (FolderLock), so a second batch on it is refused.
+  // Called (unless dry_run, and only when the manifest has no problem) once the output folder
+  // exists, before results.jsonl or any output in it is read: the app takes the folder's lock
+  // here (FolderLock), so a second batch on it is refused.
   std::function<void(const std::string& output_dir)> hold_output_dir;
 };
 
 // Rank 0: the manifest read and checked (load_manifest, check_manifest), every job fingerprinted
 // (job_fingerprint with the model folder's identity), resume applied (plan_resume against
 // results.jsonl in the output folder), the paths made canonical, and, unless dry_run, the output
-// folders created, the folder held (hold_output_dir) and the temporaries of killed writers removed. Throws ManifestError with every problem (bad fields,
+// folders created (the output folder itself and its hold_output_dir before resume is planned) and
+// the temporaries of killed writers removed. Throws ManifestError with every problem (bad fields,
 // changed jobs) or dlo::Error (an unreadable manifest, model folder or results file).
 BatchPlan plan_batch(const BatchPlanOptions& options);
 

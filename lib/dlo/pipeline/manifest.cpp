@@ -40,13 +40,6 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-// "12.5" not "12.500000".
-std::string number(double v) {
-  std::ostringstream os;
-  os.precision(10);
-  os << v;
-  return os.str();
-}
 
 // A parsed value and where it came from.
 struct Value {
