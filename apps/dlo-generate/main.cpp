@@ -129,8 +129,9 @@ dlo::BatchPlan prompt_plan(const cxxopts::ParseResult& a, const dlo::JobFlags& f
   dlo::BatchPlan p;
   p.model_dir = dlo::canonical_path(a["model"].as<std::string>());
   // The seed: given, or drawn here (on rank 0, which renders) and recorded in the metadata.
-  dlo::JobSpec job = dlo::prompt_job(flags, outputs.names(), std::random_device{}() & 0xffffffffu);
   const dlo::ModelInfo model = dlo::read_model_info(p.model_dir);
+  dlo::JobSpec job = dlo::prompt_job(flags, outputs.names(), std::random_device{}() & 0xffffffffu,
+                                     dlo::read_model_job_defaults(p.model_dir));
   dlo::check_prompt_job(job, model, outputs.names());
   for (const std::string* out : {&job.output, &job.save_latents})
     DLO_CHECK(out->empty() || (dlo::canonical_path(*out) + "/").rfind(p.model_dir + "/", 0) != 0, "--",

@@ -5,6 +5,7 @@
 // every field the table marks as deciding the output changes what the fingerprint covers.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -13,6 +14,7 @@
 
 #include "common/formats.h"
 #include "common/test_util.h"
+#include "dlo/common/error.h"
 #include "dlo/config/job.h"
 
 namespace {
@@ -251,4 +253,61 @@ TEST_CASE("the parameters recorded with a video are the fields marked so, with t
   CHECK(j["scheduler"] == "unipc");
   CHECK(j["flow_shift"] == 3.0);
   CHECK(j["model"] == "m");
+}
+
+TEST_CASE("a model folder's dlo_defaults.json: the settings it was made for, typed and checked by the table") {
+  dlo::test::TempDir d;
+  const std::string dir = d.path().string();
+  CHECK(dlo::read_model_job_defaults(dir).empty());  // no file: no recommendations
+  dlo::test::write_file(d.file("dlo_defaults.json"),
+                        R"({"about": "a tiny model", "defaults": {"height": 64, "width": 96, "frames": 17, "steps": 20,
+                            "guidance": 4, "fps": 8, "negative_prompt": ""}})");
+  const auto v = dlo::read_model_job_defaults(dir);
+  REQUIRE(v.size() == 7);
+  CHECK(std::get<std::int64_t>(v.at("height")) == 64);
+  CHECK(std::get<std::int64_t>(v.at("width")) == 96);
+  CHECK(std::get<std::int64_t>(v.at("frames")) == 17);
+  CHECK(std::get<std::int64_t>(v.at("steps")) == 20);
+  CHECK(std::get<double>(v.at("guidance")) == 4.0);  // an integer is a number
+  CHECK(std::get<std::int64_t>(v.at("fps")) == 8);
+  CHECK(std::get<std::string>(v.at("negative_prompt")).empty());
+  // Below every other layer: a flag or a job's value wins, the rest is the model's.
+  const std::map<std::string, dlo::JobFieldValue> flags = {{"steps", std::int64_t{5}}};
+  const dlo::JobSpec j = dlo::resolve_job({&flags, &v}, kVideoFormats);
+  CHECK(j.steps == 5);
+  CHECK(j.height == 64);
+  CHECK(j.guidance == 4.0);
+  CHECK(j.crf == 25);  // not a model's to say: built in
+
+  // Every bad key at once, each named with the file; the good ones kept when collecting.
+  const std::string path = dir + "/dlo_defaults.json";
+  dlo::test::write_file(path, R"({"defaults": {"steps": 0, "height": "64", "prompt": "a fox", "stepz": 3, "frames": 17},
+                                  "version": 2})");
+  std::vector<dlo::FieldError> problems;
+  const auto kept = dlo::read_model_job_defaults(dir, &problems);
+  CHECK(kept.size() == 1);
+  CHECK(kept.count("frames") == 1);
+  std::vector<std::string> seen;
+  for (const auto& p : problems) seen.push_back(p.field + ": " + p.message);
+  REQUIRE(seen.size() == 5);
+  CHECK(seen[0] == "version: unknown key (dlo_defaults.json has defaults and about)");
+  CHECK(seen[1] == "defaults.steps: must be >= 1, got 0");
+  CHECK(seen[2] == "defaults.height: must be an integer, got \"64\"");
+  CHECK(seen[3].rfind("defaults.prompt: is not a setting a model folder may recommend (negative_prompt, steps, ", 0) == 0);
+  CHECK(seen[4].rfind("defaults.stepz: unknown job field (", 0) == 0);
+  std::string what;
+  try {
+    dlo::read_model_job_defaults(dir);
+  } catch (const dlo::Error& e) {
+    what = e.what();
+    CHECK(e.kind() == dlo::ErrorKind::kInput);
+  }
+  CHECK(what.find(path + ": defaults.steps: must be >= 1, got 0") != std::string::npos);
+  CHECK(std::count(what.begin(), what.end(), '\n') == 4);  // one line per problem
+  dlo::test::write_file(path, "{\"defaults\": {\"steps\": 3,}");
+  problems.clear();
+  CHECK(dlo::read_model_job_defaults(dir, &problems).empty());
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].field == "");
+  CHECK(problems[0].message.rfind("not valid JSON", 0) == 0);
 }

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
 #include "dlo/common/text.h"
 #include "dlo/config/version.h"
 
@@ -61,6 +63,7 @@ std::string text_problem(const std::string& s) {
 
 std::vector<JobField> make_table() {
   constexpr unsigned kAll = kFromJob | kFromDefaults | kFromBatchFlag | kFromPromptFlag;
+  constexpr unsigned kAllModel = kAll | kFromModel;  // also a model folder's recommendation
   std::vector<JobField> t;
   auto add = [&](JobField f) { t.push_back(std::move(f)); };
   // Text members.
@@ -99,7 +102,7 @@ std::vector<JobField> make_table() {
   }
   {
     auto [get, set] = text(&JobSpec::negative_prompt);
-    add({"negative_prompt", "negative-prompt", JobFieldType::kText, JobFieldEffect::kFrames, kAll, true,
+    add({"negative_prompt", "negative-prompt", JobFieldType::kText, JobFieldEffect::kFrames, kAllModel, true,
          "what to steer away from (with guidance > 1)", "`\"\"` (used only when guidance > 1)", "valid UTF-8", {},
          false, get, set, text_check(text_problem),
          [](const JobSpec& j, const ModelInfo&) { return std::optional<JobFieldValue>(j.guided() ? j.negative_prompt : ""); }});
@@ -112,7 +115,7 @@ std::vector<JobField> make_table() {
        [](const JobFieldValue& v) -> std::string { return as<std::uint64_t>(v) ? "" : "must be an integer"; }, {}});
   {
     auto [get, set] = integer(&JobSpec::steps);
-    add({"steps", "steps", JobFieldType::kInteger, JobFieldEffect::kFrames, kAll, true, "denoising steps", "50",
+    add({"steps", "steps", JobFieldType::kInteger, JobFieldEffect::kFrames, kAllModel, true, "denoising steps", "50",
          str("1..", kMaxSteps), {}, false, get, set, int_check([](std::int64_t v) -> std::string {
            if (v < 1) return str("must be >= 1, got ", v);
            if (v > kMaxSteps) return str("must be at most ", kMaxSteps, ", got ", v);
@@ -120,27 +123,27 @@ std::vector<JobField> make_table() {
          }),
          {}});
   }
-  add({"guidance", "guidance", JobFieldType::kNumber, JobFieldEffect::kFrames, kAll, true,
+  add({"guidance", "guidance", JobFieldType::kNumber, JobFieldEffect::kFrames, kAllModel, true,
        "classifier-free guidance scale (<= 1: off, no negative prompt)", "5.0 (<= 1: no classifier-free guidance)",
        "finite", {}, false, [](const JobSpec& j) { return std::optional<JobFieldValue>(j.guidance); },
        [](JobSpec& j, const JobFieldValue& v) { j.guidance = std::get<double>(v); },
        number_check([](double v) -> std::string { return std::isfinite(v) ? "" : "must be a finite number"; }), {}});
   for (const char* side : {"height", "width"}) {
     auto [get, set] = integer(side[0] == 'h' ? &JobSpec::height : &JobSpec::width);
-    add({side, side, JobFieldType::kInteger, JobFieldEffect::kFrames, kAll, true,
+    add({side, side, JobFieldType::kInteger, JobFieldEffect::kFrames, kAllModel, true,
          str("pixels, a multiple of the model's (16 for Wan2.1)"), side[0] == 'h' ? "480" : "832",
          str("1..", kMaxPixels, "; a multiple of the model's (16 for Wan2.1); within the transformer's RoPE"), {}, false,
          get, set, int_check([](std::int64_t v) { return positive_size(v, kMaxPixels); }), {}});
   }
   {
     auto [get, set] = integer(&JobSpec::frames);
-    add({"frames", "frames", JobFieldType::kInteger, JobFieldEffect::kFrames, kAll, true, "frames, 4k+1 for Wan2.1",
+    add({"frames", "frames", JobFieldType::kInteger, JobFieldEffect::kFrames, kAllModel, true, "frames, 4k+1 for Wan2.1",
          "81", str("1..", kMaxFrames, "; of the form 4k+1 for Wan2.1"), {}, false, get, set,
          int_check([](std::int64_t v) { return positive_size(v, kMaxFrames); }), {}});
   }
   {
     auto [get, set] = integer(&JobSpec::fps);
-    add({"fps", "fps", JobFieldType::kInteger, JobFieldEffect::kVideo, kAll, true, "frames per second of the video",
+    add({"fps", "fps", JobFieldType::kInteger, JobFieldEffect::kVideo, kAllModel, true, "frames per second of the video",
          "16", "1..240", {}, false, get, set, int_check([](std::int64_t v) -> std::string {
            return v < 1 || v > 240 ? str("must be in 1..240, got ", v) : "";
          }),
@@ -324,6 +327,81 @@ JobSpec resolve_job(const std::vector<const std::map<std::string, JobFieldValue>
   return job;
 }
 
+std::string model_job_defaults_path(const std::string& dir) {
+  return (dir.empty() || dir.back() == '/' ? dir : dir + "/") + kModelDefaultsFile;
+}
+
+std::map<std::string, JobFieldValue> read_model_job_defaults(const std::string& dir, std::vector<FieldError>* problems) {
+  const std::string path = model_job_defaults_path(dir);
+  std::map<std::string, JobFieldValue> out;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return out;  // a folder without recommendations
+  std::vector<FieldError> found;
+  auto add = [&](const std::string& field, const std::string& message) { found.push_back({field, message}); };
+  ojson doc;
+  try {
+    doc = ojson::parse(read_file(path));
+    if (!doc.is_object()) add("", "must be a JSON object with the key \"defaults\"");
+  } catch (const ojson::exception& e) {
+    add("", str("not valid JSON: ", e.what()));
+  } catch (const Error& e) {
+    add("", e.what());
+  }
+  if (!doc.is_object()) doc = ojson::object();
+  for (auto it = doc.begin(); it != doc.end(); ++it)
+    if (it.key() != "defaults" && it.key() != "about") add(it.key(), "unknown key (dlo_defaults.json has defaults and about)");
+  if (doc.contains("defaults")) {
+    const ojson& d = doc["defaults"];
+    if (!d.is_object()) add("defaults", "must be an object of job fields");
+    for (auto it = d.is_object() ? d.begin() : d.end(); it != d.end(); ++it) {
+      const std::string where = "defaults." + it.key();
+      const JobField* f = find_job_field(it.key());
+      std::vector<std::string> allowed;
+      for (const auto& row : job_fields())
+        if (row.from(kFromModel)) allowed.push_back(row.key);
+      if (!f || !f->from(kFromModel)) {
+        add(where, str(f ? "is not a setting a model folder may recommend" : "unknown job field", " (",
+                       choice_list(allowed), ")"));
+        continue;
+      }
+      const ojson& v = it.value();
+      std::optional<JobFieldValue> value;
+      switch (f->type) {
+        case JobFieldType::kText:
+          if (v.is_string()) value = v.get<std::string>();
+          break;
+        case JobFieldType::kSeed:
+          if (v.is_number_unsigned()) value = v.get<std::uint64_t>();
+          break;
+        case JobFieldType::kInteger:
+          if (v.is_number_integer()) value = v.get<std::int64_t>();
+          break;
+        case JobFieldType::kNumber:
+          if (v.is_number()) value = v.get<double>();
+          break;
+      }
+      if (!value) {
+        const char* want = f->type == JobFieldType::kText ? "a string" : f->type == JobFieldType::kNumber ? "a number" : "an integer";
+        add(where, str("must be ", want, ", got ", v.dump()));
+        continue;
+      }
+      if (std::string p = check_job_field(*f, *value, {}); !p.empty()) {
+        add(where, p);
+        continue;
+      }
+      out.emplace(f->key, std::move(*value));
+    }
+  }
+  if (problems) {
+    problems->insert(problems->end(), found.begin(), found.end());
+  } else if (!found.empty()) {
+    std::string msg;
+    for (const auto& p : found) msg += str(msg.empty() ? "" : "\n", path, ": ", p.field.empty() ? "" : p.field + ": ", p.message);
+    throw Error(msg);
+  }
+  return out;
+}
+
 std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, const OutputFormatNames& formats) {
   std::vector<FieldError> e;
   const std::int64_t m = info.spatial_multiple(), tf = info.temporal_factor();
@@ -471,6 +549,7 @@ std::string job_fields_markdown() {
     if (f.from(kFromBatchFlag)) flag = "`--" + f.flag + "`";
     else if (f.from(kFromPromptFlag)) flag = "`--" + f.flag + "` (one prompt)";
     std::string where = f.from(kFromDefaults) ? "" : " (per job: not in `defaults`)";
+    if (f.from(kFromModel)) where += ", or the model folder's";
     const char* decides = f.effect == JobFieldEffect::kFrames ? "frames" : f.effect == JobFieldEffect::kVideo ? "video file" : "-";
     out += str("| `", f.key, "` | ", type, " | ", f.default_text, where, " | ", flag, " | ", f.checked_text, " | ", decides,
                " |\n");

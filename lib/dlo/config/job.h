@@ -74,6 +74,7 @@ enum JobFieldSource : unsigned {
   kFromDefaults = 2,    // a manifest's `defaults`
   kFromBatchFlag = 4,   // the command line of a batch (--jobs), as every job's value
   kFromPromptFlag = 8,  // the command line of one prompt (--prompt)
+  kFromModel = 16,      // the model folder's dlo_defaults.json: the settings the model was made for
 };
 
 struct JobField {
@@ -131,6 +132,21 @@ struct FieldError {
   std::string field;    // the job's key, e.g. "height"
   std::string message;  // what is wrong and why, without the field name
 };
+
+// The file in a model folder that says which settings the model was made for (a model trained
+// at 64x64 and 17 frames renders noise at WanPipeline's 480x832): {"defaults": {"height": 64,
+// ...}}, keys of the fields the table allows from the model (kFromModel). Diffusers ignores it.
+inline constexpr const char* kModelDefaultsFile = "dlo_defaults.json";
+
+// `dir`'s dlo_defaults.json as job values (of each field's type, checked as parse_job_field
+// does); none when the folder has no such file. Every value of a manifest, a flag or a job wins
+// over these. Throws dlo::Error (input) naming the file and each bad key, one per line
+// ("m/dlo_defaults.json: defaults.steps: must be >= 1, got 0"), or, given `problems`, adds them
+// there (field "defaults.steps"; "" for the file itself) and leaves those keys out. Reads nothing else.
+std::map<std::string, JobFieldValue> read_model_job_defaults(const std::string& dir,
+                                                            std::vector<FieldError>* problems = nullptr);
+// `dir`/dlo_defaults.json.
+std::string model_job_defaults_path(const std::string& dir);
 
 // Every check of `job` that needs no weights, in the table's order: each field's own check (as
 // parse_job_field's), the output format among `formats`, sizes multiples of

@@ -152,7 +152,8 @@ JobResult recovered_result(const BatchJob& job, const ModelInfo& model) {
   return r;
 }
 
-JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std::uint64_t random_seed) {
+JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std::uint64_t random_seed,
+                   const std::map<std::string, JobFieldValue>& model_defaults) {
   std::map<std::string, JobFieldValue> values;
   std::string problems;
   for (const auto& [key, text] : flags) {
@@ -167,7 +168,7 @@ JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std:
   }
   DLO_CHECK(problems.empty(), problems);
   std::set<std::string> given;
-  JobSpec job = resolve_job({&values}, formats, &given);
+  JobSpec job = resolve_job({&values, &model_defaults}, formats, &given);
   if (!given.count("seed")) job.seed = random_seed;
   if (!given.count("output")) {
     std::string ext;

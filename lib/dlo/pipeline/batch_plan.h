@@ -76,10 +76,12 @@ JobResult recovered_result(const BatchJob& job, const ModelInfo& model);
 // ---- planning on rank 0, before any weight is read
 
 // One job from the command line (dlo-generate --prompt): each field from its flag (`flags`: field
-// key -> text), else built in; the seed, when not given, is `random_seed`; the output, when not
-// given, "video" + the format's extension. Throws dlo::Error (input) listing every problem of the
+// key -> text), else the model folder's recommendation (`model_defaults`: read_model_job_defaults),
+// else built in; the seed, when not given, is `random_seed`; the output, when not given, "video" +
+// the format's extension. Throws dlo::Error (input) listing every problem of the
 // flags, one per line ("--seed: must be >= 0 ..."). Reads nothing.
-JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std::uint64_t random_seed);
+JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std::uint64_t random_seed,
+                   const std::map<std::string, JobFieldValue>& model_defaults = {});
 
 // The checks of a --prompt job that need the model's configs (validate_job), as one dlo::Error
 // (input) naming the flags ("--height: 500 is not a multiple of 16 ..."), one per line.

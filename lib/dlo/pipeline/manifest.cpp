@@ -269,15 +269,29 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
   // What the batch reads may never be written: the manifest, anything in the model folder.
   const std::string manifest_file = canonical_path(path);
   const std::string model_folder = m.model.empty() ? "" : canonical_path(m.model) + "/";
+  // The model folder's recommendations (dlo_defaults.json), below everything the manifest says.
+  Fields model_defaults;
+  if (!m.model.empty()) {
+    std::vector<FieldError> bad;
+    for (auto& [key, v] : read_model_job_defaults(m.model, &bad)) {
+      Value value;
+      value.v = std::move(v);
+      value.src.kind = ManifestFieldSource::kModel;
+      model_defaults.emplace(key, std::move(value));
+    }
+    for (const auto& b : bad) problems.list.push_back({model_job_defaults_path(m.model), -1, "", b.field, b.message});
+  }
   for (std::size_t i = 0; i < n; ++i) {
     if (!raw[i].usable) continue;
     const auto ji = static_cast<std::int64_t>(i);
     JobSpec job;
     std::map<std::string, ManifestFieldSource> src;
-    // The precedence rule: the job's own value > the command line > `defaults` > built in.
+    // The precedence rule: the job's own value > the command line > `defaults` > the model
+    // folder's > built in.
     for (const auto& f : job_fields()) {
       const Value* v = nullptr;
-      for (const Fields* layer : {static_cast<const Fields*>(&raw[i].fields), &flags, &defaults})
+      for (const Fields* layer : {static_cast<const Fields*>(&raw[i].fields), &flags, &defaults,
+                                   static_cast<const Fields*>(&model_defaults)})
         if (auto it = layer->find(f.key); it != layer->end()) {
           v = &it->second;
           break;
@@ -630,6 +644,10 @@ std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const Mode
       if (s.kind == ManifestFieldSource::kDefaults) {
         if (reported.insert("defaults." + fe.field + "\n" + fe.message).second)
           out.push_back({manifest.path, -1, "", "defaults." + fe.field, fe.message, s.line, s.column});
+      } else if (s.kind == ManifestFieldSource::kModel) {
+        // The model recommends what it cannot render: the folder's file is wrong, not the job.
+        if (reported.insert("model." + fe.field + "\n" + fe.message).second)
+          out.push_back({model_job_defaults_path(manifest.model), -1, "", "defaults." + fe.field, fe.message});
       } else if (s.kind == ManifestFieldSource::kFlag) {
         const std::string flag = "--" + find_job_field(fe.field)->flag;
         if (reported.insert(flag + "\n" + fe.message).second) out.push_back({"command line", -1, "", flag, fe.message});

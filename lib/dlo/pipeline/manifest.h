@@ -29,7 +29,7 @@ using JobFlags = std::map<std::string, std::string>;
 // Where a job's field got its value (for messages: a value from `defaults` or a flag is reported
 // once, where it was written, not once per job).
 struct ManifestFieldSource {
-  enum Kind { kBuiltIn, kFlag, kDefaults, kJob };
+  enum Kind { kBuiltIn, kModel, kFlag, kDefaults, kJob };  // kModel: the model folder's dlo_defaults.json
   Kind kind = kBuiltIn;
   std::int64_t line = -1, column = -1;  // 1-based, in the manifest; -1: none (flag, built-in)
 };
