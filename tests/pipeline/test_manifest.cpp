@@ -480,19 +480,32 @@ TEST_CASE("check_manifest: sizes and frames per job against the model, defaults'
 TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model's geometry") {
   TempDir d;
   const std::string src = DLO_SOURCE_DIR;
-  // jobs/demo.yaml: the demo model of tools/demo.sh (wan-test transformer, the small Wan VAE).
+  // jobs/demo.yaml: the demo model tools/demo.sh installs as out/demo/model (configs/demo-model).
   dlo::Manifest demo = dlo::load_manifest(src + "/jobs/demo.yaml", {}, std::nullopt, d.path().string(), kVideoFormats);
   CHECK(demo.model == src + "/out/demo/model");
-  REQUIRE(demo.jobs.size() == 6);
-  CHECK(demo.jobs[0].id == "fox");
+  // Its size, frames, steps and guidance are the model's own (configs/demo-model/dlo_defaults.json).
+  const std::string demo_model = src + "/configs/demo-model";
+  demo = dlo::load_manifest(src + "/jobs/demo.yaml", {}, demo_model, d.path().string(), kVideoFormats);
+  REQUIRE(demo.jobs.size() == 7);
+  CHECK(demo.jobs[0].id == "red-circle-left");
   CHECK(demo.jobs[0].seed == 42);
-  CHECK(demo.jobs[3].prompt == "A neon-lit city street at night in the rain,\nreflections on the wet asphalt, slow dolly forward\n");
-  CHECK(demo.jobs[4].output == d.file("balloon.mkv"));
-  CHECK(demo.jobs[5].id == "job-0005");
+  for (const auto& j : demo.jobs) {
+    CHECK(j.height == 64);
+    CHECK(j.width == 64);
+    CHECK(j.frames == 17);
+    CHECK(j.negative_prompt == "");
+  }
+  CHECK(demo.jobs[0].steps == 20);
+  CHECK(demo.jobs[0].guidance == 4.0);
+  CHECK(demo.jobs[1].steps == 10);
+  CHECK(demo.jobs[5].guidance == 1.0);
+  CHECK(demo.sources[0].at("steps").kind == dlo::ManifestFieldSource::kModel);
+  CHECK(demo.jobs[4].output == d.file("white-square-right.mkv"));
+  CHECK(demo.jobs[6].id == "job-0006");
+  CHECK(dlo::format_problems(dlo::check_manifest(demo, dlo::read_model_info(demo_model))) == "");
   dlo::ModelInfo small;
   small.transformer = dlo::WanTransformerConfig::preset("wan-test");
   small.vae = dlo::WanVaeConfig::preset("wan2.1-vae-small");
-  CHECK(dlo::format_problems(dlo::check_manifest(demo, small)) == "");
   // jobs/wan2.1-t2v-1.3b.yaml: the real model's geometry.
   dlo::Manifest wan = dlo::load_manifest(src + "/jobs/wan2.1-t2v-1.3b.yaml", {}, std::nullopt, d.path().string(), kVideoFormats);
   dlo::ModelInfo real;
@@ -563,4 +576,50 @@ TEST_CASE("precedence for every field the table lets all three set: the job's va
     }
   }
   CHECK(fields >= 12);
+}
+
+TEST_CASE("a model folder's recommended settings sit below the manifest: job > command line > defaults > model > built in") {
+  TempDir d;
+  dlo::test::write_config_only_model(d.file("model"));
+  dlo::test::write_file(d.file("model/dlo_defaults.json"),
+                        R"({"defaults": {"height": 32, "width": 48, "frames": 9, "steps": 12, "guidance": 3.5}})");
+  dlo::JobFlags flags;
+  flags["guidance"] = "2";
+  const Loaded r = load(d, "m.yaml",
+                        "model: model\n"
+                        "defaults:\n"
+                        "  width: 64\n"
+                        "jobs:\n"
+                        "  - prompt: a fox\n"
+                        "    steps: 4\n"
+                        "  - prompt: a cat\n",
+                        flags);
+  REQUIRE(r.what == "");
+  const auto& j = r.manifest.jobs;
+  CHECK(j[0].steps == 4);     // the job's own
+  CHECK(j[1].steps == 12);    // the model's
+  CHECK(j[1].guidance == 2.0);  // the command line over the model
+  CHECK(j[1].width == 64);    // `defaults` over the model
+  CHECK(j[1].height == 32);
+  CHECK(j[1].frames == 9);
+  CHECK(j[1].fps == 16);      // built in: the model says nothing
+  CHECK(r.manifest.sources[1].at("height").kind == dlo::ManifestFieldSource::kModel);
+  CHECK(r.manifest.sources[1].at("width").kind == dlo::ManifestFieldSource::kDefaults);
+
+  // A recommendation the model cannot render is the folder's problem, named once with its file.
+  dlo::test::write_file(d.file("model/dlo_defaults.json"), R"({"defaults": {"height": 40, "steps": -1}})");
+  const Loaded bad = load(d, "m.yaml", "model: model\njobs:\n  - a fox\n  - a cat\n");
+  REQUIRE(bad.problems.size() == 1);
+  CHECK(bad.problems[0].file.find("model/dlo_defaults.json") != std::string::npos);
+  CHECK(bad.problems[0].field == "defaults.steps");
+  dlo::test::write_file(d.file("model/dlo_defaults.json"), R"({"defaults": {"height": 40, "width": 32}})");
+  const Loaded ok = load(d, "m.yaml", "model: model\njobs:\n  - a fox\n  - a cat\n");
+  REQUIRE(ok.what == "");
+  const dlo::ModelInfo info = dlo::read_model_info(d.file("model"));
+  const auto checked = dlo::check_manifest(ok.manifest, info);
+  INFO(dlo::format_problems(checked));
+  REQUIRE(checked.size() == 1);  // not once per job
+  CHECK(checked[0].file.find("model/dlo_defaults.json") != std::string::npos);
+  CHECK(checked[0].field == "defaults.height");
+  CHECK(checked[0].message.find("multiple of 16") != std::string::npos);
 }

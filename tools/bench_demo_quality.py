@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""What a setting costs in quality: the demo model's 60 prompts x N seeds rendered by dlo-generate
+under several settings, each video judged by tools/check_demo_video.py (colour, direction, shape).
+
+Settings: the model's defaults (20 steps, guidance 4, transformer and text encoder in bf16), half
+the steps, guidance off, and the transformer in fp32. One batch per setting on --ranks ranks
+(lossless FFV1, so the codec plays no part), in one run so the settings share the machine's state.
+Prints a Markdown table (accuracy per property, all three right, wall time) and writes JSON.
+  .venv/bin/python tools/bench_demo_quality.py [--seeds 2] [--ranks 2] [--json out/bench-demo.json]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_demo_video as check  # noqa: E402
+import demo_world as world  # noqa: E402
+
+SETTINGS = [
+    ("defaults (20 steps, guidance 4, bf16)", {}, []),
+    ("half the steps (10)", {"steps": 10}, []),
+    ("guidance off", {"guidance": 1.0}, []),
+    ("transformer and text encoder fp32", {}, ["--dtype", "fp32"]),
+]
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(root, "build", "bin"))
+    ap.add_argument("--model", default=os.path.join(root, "configs", "demo-model"))
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--settings", default="", help="comma-separated indices into the settings (default: all)")
+    ap.add_argument("--json", default=os.path.join(root, "out", "bench-demo-quality.json"))
+    args = ap.parse_args()
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
+               OMP_NUM_THREADS="1")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else SETTINGS
+        for name, fields, flags in chosen:
+            d = os.path.join(tmp, str(len(rows)))
+            os.makedirs(d)
+            jobs = [{"id": f"p{i:02d}-s{seed}", "prompt": p, "seed": seed}
+                    for seed in range(args.seeds) for i, p in enumerate(world.all_prompts())]
+            manifest = {"model": args.model, "output_dir": os.path.join(d, "out"),
+                        "defaults": dict(format="ffv1", **fields), "jobs": jobs}
+            with open(os.path.join(d, "jobs.yaml"), "w") as f:
+                json.dump(manifest, f)  # JSON is YAML
+            t0 = time.time()
+            subprocess.run(["mpirun", "-np", str(args.ranks), os.path.join(args.bin, "dlo-generate"), "--jobs",
+                            os.path.join(d, "jobs.yaml"), "--threads", "1", "--quiet", *flags],
+                           check=True, env=env)
+            wall = time.time() - t0
+            verdicts = []
+            with open(os.path.join(d, "out", "results.jsonl")) as f:
+                for line in f:
+                    r = json.loads(line)
+                    verdicts.append(check.check_video(r["output"], r["parameters"]["prompt"]))
+            t = check.tally(verdicts)
+            rows.append({"setting": name, "videos": t["videos"], "wall_s": round(wall, 1),
+                         **{p: t[p]["accuracy"] for p in check.PROPERTIES},
+                         "all_three": round(t["all_three"] / t["videos"], 3)})
+            print(f"{name}: {rows[-1]}", flush=True)
+    print(f"\n{len(world.all_prompts())} prompts x {args.seeds} seeds, {args.ranks} ranks, FFV1:\n")
+    print("| setting | colour | direction | shape | all three | wall time |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setting']} | {r['colour']:.0%} | {r['direction']:.0%} | {r['shape']:.0%} | {r['all_three']:.0%} "
+              f"| {r['wall_s']:.0f} s |")
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"seeds": args.seeds, "ranks": args.ranks, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
