@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "common/test_util.h"
 #include "dlo/testing/train_tokenizer.h"
 #include "dlo/common/error.h"
 #include "dlo/text/tokenizer.h"
+
+#include <nlohmann/json.hpp>
 
 using namespace dlo;
 using dlo::test::TempDir;
@@ -97,6 +100,41 @@ std::string load_error(const std::string& dir) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// The hand-made model as transformers 5 saves it: tokenizer.json alone (tokenizers' format, the
+// shape read off a T5 tokenizer that transformers 5.23 re-saved), two extra ids in the vocabulary.
+nlohmann::json hand_tokenizer_json() {
+  nlohmann::json vocab = nlohmann::json::array(), added = nlohmann::json::array();
+  std::int64_t id = 0;
+  auto add_token = [&](const std::string& t, std::int64_t i) {
+    added.push_back({{"id", i}, {"content", t}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                     {"normalized", false}, {"special", true}});
+  };
+  for (const auto& p : hand_pieces()) {
+    vocab.push_back({p.text, p.score});
+    if (p.type == 2 || p.type == 3 || p.type == 4) add_token(p.text, id);
+    ++id;
+  }
+  for (const char* e : {"<extra_id_1>", "<extra_id_0>"}) {
+    vocab.push_back({e, 0.0});
+    add_token(e, id++);
+  }
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "WhitespaceSplit"}},
+              {{"type", "Metaspace"}, {"replacement", kMeta}, {"prepend_scheme", "always"}, {"split", true}}}}}},
+          {"post_processor",
+           {{"type", "TemplateProcessing"},
+            {"single", {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}}}},
+          {"decoder", {{"type", "Metaspace"}, {"replacement", kMeta}, {"prepend_scheme", "always"}, {"split", true}}},
+          {"model", {{"type", "Unigram"}, {"unk_id", 2}, {"vocab", vocab}, {"byte_fallback", false}}}};
+}
+
 }  // namespace
 
 TEST_CASE("html_unescape follows Python's html.unescape (HTML5 rules)") {
@@ -169,6 +207,59 @@ TEST_CASE("T5 tokenization on a hand-made unigram model: ids worked out by hand"
   CHECK(t.encode_prompts({"  a&amp;b "}, 6).input_ids == Ids{6, 2, 5, 1, 0, 0});
 }
 
+TEST_CASE("tokenizer.json alone (transformers 5's save_pretrained): the same ids as spiece.model") {
+  TempDir dir;
+  for (const char* d : {"spm", "json"}) std::filesystem::create_directories(dir.file(d));
+  write(dir.file("spm/spiece.model"), make_model(hand_pieces()));
+  write(dir.file("spm/tokenizer_config.json"), R"({"extra_ids": 2})");
+  write(dir.file("json/tokenizer.json"), hand_tokenizer_json().dump());
+  write(dir.file("json/tokenizer_config.json"), R"({"eos_token": "</s>", "extra_ids": 2, "backend": "tokenizers"})");
+  const auto spm = T5Tokenizer::load(dir.file("spm"));
+  const auto json = T5Tokenizer::load(dir.file("json"));
+  CHECK(json.vocab_size() == 14);
+  CHECK(json.token_to_id("<extra_id_0>") == 13);
+  // The hand-worked cases of the SentencePiece test, and the two paths on each other.
+  CHECK(json.encode("ab") == Ids{6, 5});
+  CHECK(json.encode("xxx") == Ids{3, 9, 10});
+  CHECK(json.encode("aZZb") == Ids{6, 2, 5});
+  CHECK(json.encode("a</s>b<sep>x<extra_id_0>") == Ids{6, 1, 3, 5, 11, 3, 9, 13});
+  CHECK(json.encode("  a \t\n b  ") == Ids{6, 3, 5});
+  for (const char* text : {"", " ", "ab ab", "xxxxx a", "<pad><unk></s>", "b\xE6\xBC\xA2" "a", "a\xE2\x96\x81" "b"})
+    CHECK(json.encode(text) == spm.encode(text));
+  CHECK(json.encode_padded({"xxx ab"}, 3).input_ids == Ids{3, 9, 1});
+}
+
+TEST_CASE("tokenizer.json of another shape is refused naming the field") {
+  TempDir dir;
+  int n = 0;
+  auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    const std::string d = dir.file("t" + std::to_string(n++));
+    nlohmann::json j = hand_tokenizer_json();
+    edit(j);
+    std::filesystem::create_directories(d);
+    write(d + "/tokenizer.json", j.dump());
+    return load_error(d);
+  };
+  CHECK(contains(error_with([](auto& j) { j["model"]["type"] = "BPE"; }), "field 'model.type' is 'BPE'"));
+  CHECK(contains(error_with([](auto& j) { j["model"]["byte_fallback"] = true; }), "field 'model.byte_fallback'"));
+  CHECK(contains(error_with([](auto& j) { j["model"]["unk_id"] = 0; }), "field 'model.unk_id' must be 2"));
+  CHECK(contains(error_with([](auto& j) { j["model"]["vocab"][3] = "x"; }), "field 'model.vocab[3]'"));
+  CHECK(contains(error_with([](auto& j) { j["normalizer"] = {{"type", "NFKC"}}; }), "normaliser 'NFKC'"));
+  CHECK(contains(error_with([](auto& j) { j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "%%%%"}}; }),
+                 "field 'precompiled_charsmap': not base64"));
+  CHECK(contains(error_with([](auto& j) { j["pre_tokenizer"]["pretokenizers"][1]["prepend_scheme"] = "first"; }),
+                 "field 'pre_tokenizer' is not T5's"));
+  CHECK(contains(error_with([](auto& j) { j["post_processor"]["single"].erase(1); }), "field 'post_processor'"));
+  CHECK(contains(error_with([](auto& j) { j["added_tokens"][0]["lstrip"] = true; }),
+                 "field 'added_tokens[0]': '<pad>' has lstrip = true"));
+  CHECK(contains(error_with([](auto& j) { j["added_tokens"][1]["id"] = 7; }), "is not that entry of model.vocab"));
+  CHECK(contains(error_with([](auto& j) { j.erase("pre_tokenizer"); }), "no field 'pre_tokenizer'"));
+  const std::string d = dir.file("not_json");
+  std::filesystem::create_directories(d);
+  write(d + "/tokenizer.json", "{ nope");
+  CHECK(contains(load_error(d), "tokenizer.json: not valid JSON"));
+}
+
 TEST_CASE("tokenizer folder errors name the folder and say what is supported") {
   TempDir dir;
   CHECK(contains(load_error(dir.file("absent")), "loading tokenizer '" + dir.file("absent") + "': not a directory"));
@@ -176,14 +267,13 @@ TEST_CASE("tokenizer folder errors name the folder and say what is supported") {
   std::filesystem::create_directories(dir.file("empty"));
   const std::string empty = load_error(dir.file("empty"));
   CHECK(empty.find("loading tokenizer '" + dir.file("empty") + "'") == 0);
-  CHECK(contains(empty, "no spiece.model"));
+  CHECK(contains(empty, "no spiece.model and no tokenizer.json"));
 
   std::filesystem::create_directories(dir.file("json_only"));
   write(dir.file("json_only/tokenizer.json"), "{}");
   const std::string json_only = load_error(dir.file("json_only"));
   CHECK(json_only.find("loading tokenizer '" + dir.file("json_only") + "'") == 0);
-  CHECK(contains(json_only, "holds tokenizer.json but no spiece.model"));
-  CHECK(contains(json_only, "not supported"));
+  CHECK(contains(json_only, "tokenizer.json: no field 'model'"));
 
   std::filesystem::create_directories(dir.file("garbage"));
   write(dir.file("garbage/spiece.model"), "this is not a model");

@@ -17,14 +17,18 @@ special-token strings, the empty prompt, a prompt long enough to be truncated) p
 strings drawn from a mixed alphabet. The tokenizer is the one `dlo-checkpoint make` trains, or
 --tokenizer DIR, or with --python-spm one trained here with Python's sentencepiece (other options:
 identity normalisation, user-defined symbols, byte fallback, 10 extra ids), to exercise more paths.
+With --resave the folder is first loaded by transformers and written again by its save_pretrained:
+transformers 5 writes tokenizer.json and no spiece.model, and both sides read that folder.
 
   tokenizer_parity.py --bin build/bin --random 2000
   tokenizer_parity.py --bin build/bin --raw --python-spm --random 2000
+  tokenizer_parity.py --bin build/bin --resave --python-spm --random 2000
 """
 import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -99,6 +103,8 @@ def main():
     ap.add_argument("--tokenizer", help="an existing tokenizer folder (else `dlo-checkpoint make` writes one)")
     ap.add_argument("--python-spm", action="store_true", help="train the tokenizer with Python's sentencepiece")
     ap.add_argument("--raw", action="store_true", help="no prompt_clean on either side")
+    ap.add_argument("--resave", action="store_true",
+                    help="compare on the folder transformers' save_pretrained writes (tokenizer.json, no spiece.model)")
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--random", type=int, default=0, help="random strings added to the fixed prompts")
     ap.add_argument("--seed", type=int, default=0)
@@ -118,6 +124,19 @@ def main():
         else:
             subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--components", "tokenizer"],
                            check=True, stdout=subprocess.DEVNULL)
+        if args.resave:
+            from transformers import AutoTokenizer
+            saved = os.path.join(tmp, "resaved")
+            AutoTokenizer.from_pretrained(tok_dir).save_pretrained(saved)
+            files = sorted(os.listdir(saved))
+            if "spiece.model" in files or "tokenizer.json" not in files:
+                print(f"FAIL: save_pretrained wrote {files}; --resave expects tokenizer.json without spiece.model")
+                return 1
+            if os.path.islink(tok_dir):
+                os.remove(tok_dir)
+            else:
+                shutil.rmtree(tok_dir)
+            shutil.copytree(saved, tok_dir)
 
         rng = random.Random(args.seed)
         words = CORPUS.split()
@@ -154,7 +173,8 @@ def main():
     lengths = ref.attention_mask.sum(1)
     truncated = int((lengths == args.max_length).sum())
     print(f"{'PASS' if not bad else 'FAIL'}: tokenizer ({'raw' if args.raw else 'prompt_clean'}, "
-          f"{'python-trained' if args.python_spm else args.tokenizer or 'dlo-trained'}, vocab {len(tok)}): "
+          f"{'python-trained' if args.python_spm else args.tokenizer or 'dlo-trained'}"
+          f"{', re-saved by transformers: tokenizer.json' if args.resave else ''}, vocab {len(tok)}): "
           f"{len(prompts) - len(bad)}/{len(prompts)} prompts give equal input_ids and attention_mask "
           f"(max_length {args.max_length}; {truncated} truncated; {int((ref.input_ids == tok.unk_token_id).sum())} "
           f"<unk> tokens; shape ours {tuple(ours['input_ids'].shape)} ref {tuple(ref.input_ids.shape)})")

@@ -501,6 +501,148 @@ std::string token_content(const nlohmann::json& j, const std::string& where) {
 
 constexpr std::string_view kMeta = "\xE2\x96\x81";  // U+2581, SentencePiece's whitespace mark
 
+// RFC 4648 base64 (with or without '=' padding), as tokenizers serialises precompiled_charsmap.
+std::string base64_decode(const std::string& in, const std::string& where) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  std::size_t n = in.size();
+  while (n > 0 && in[n - 1] == '=') --n;
+  DLO_CHECK(in.size() - n <= 2 && n % 4 != 1, where, ": not base64 (length ", in.size(), ")");
+  std::string out;
+  out.reserve(n * 3 / 4);
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const int v = value(in[i]);
+    DLO_CHECK(v >= 0, where, ": not base64 (character ", static_cast<int>(static_cast<unsigned char>(in[i])),
+              " at offset ", i, ")");
+    acc = (acc << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFFu));
+    }
+  }
+  return out;
+}
+
+// The parts of a T5 tokenizer, from spiece.model or from tokenizer.json.
+struct TokenizerData {
+  std::string charsmap_blob;                            // empty: no normaliser
+  std::vector<std::string> vocab;                       // id -> token (extra ids included)
+  std::vector<double> scores;
+  std::vector<std::pair<std::string, std::int64_t>> added;  // tokens split out of the raw text
+  std::string source;                                   // the file, for errors
+};
+
+const nlohmann::json& json_field(const nlohmann::json& j, const char* key, const std::string& where) {
+  DLO_CHECK(j.is_object() && j.contains(key), where, ": no field '", key, "'");
+  return j[key];
+}
+
+// tokenizer.json as transformers 5's save_pretrained writes a T5 tokenizer (tokenizers'
+// serialisation of T5TokenizerFast): model Unigram (unk_id 2, no byte fallback), normaliser
+// Precompiled (alone or as the only member of a Sequence) or none, pre-tokeniser
+// Sequence[WhitespaceSplit, Metaspace("\u2581", prepend_scheme "always", split)], post-processor
+// "$A </s>", added tokens matched on the raw text. Anything else is refused by name: encoding it
+// as this pipeline does would silently differ from transformers.
+TokenizerData read_tokenizer_json(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    DLO_CHECK(false, path, ": not valid JSON: ", e.what());
+  }
+  DLO_CHECK(j.is_object(), path, ": not a JSON object");
+  TokenizerData d;
+  d.source = path;
+
+  const auto& model = json_field(j, "model", path);
+  const std::string type = model.value("type", std::string());
+  DLO_CHECK(type == "Unigram", path, ": field 'model.type' is '", type,
+            "'; T5 tokenizers are Unigram models (BPE, WordPiece and WordLevel are not supported)");
+  DLO_CHECK(!model.value("byte_fallback", false), path,
+            ": field 'model.byte_fallback' is true; byte fallback is not supported (transformers' T5 tokenizer "
+            "does not use it)");
+  DLO_CHECK(model.contains("unk_id") && model["unk_id"].is_number_integer() && model["unk_id"].get<std::int64_t>() == 2,
+            path, ": field 'model.unk_id' must be 2 (T5's <unk>), got ",
+            model.contains("unk_id") ? model["unk_id"].dump() : std::string("nothing"));
+  const auto& vocab = json_field(model, "vocab", path + ": field 'model'");
+  DLO_CHECK(vocab.is_array() && !vocab.empty(), path, ": field 'model.vocab' must be a non-empty list");
+  for (std::size_t i = 0; i < vocab.size(); ++i) {
+    const auto& e = vocab[i];
+    DLO_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_number(), path, ": field 'model.vocab[",
+              i, "]' must be [piece, score], got ", e.dump());
+    d.vocab.push_back(e[0].get<std::string>());
+    d.scores.push_back(e[1].get<double>());
+  }
+
+  const auto& norm = json_field(j, "normalizer", path);
+  const nlohmann::json* pre = &norm;
+  if (norm.is_object() && norm.value("type", std::string()) == "Sequence") {
+    const auto& list = json_field(norm, "normalizers", path + ": field 'normalizer'");
+    DLO_CHECK(list.is_array() && list.size() == 1, path,
+              ": field 'normalizer.normalizers' must hold exactly one Precompiled normaliser, got ", list.dump());
+    pre = &list[0];
+  }
+  if (!pre->is_null()) {
+    const std::string t = pre->value("type", std::string());
+    DLO_CHECK(t == "Precompiled", path, ": normaliser '", t,
+              "' is not supported (T5 tokenizers use SentencePiece's Precompiled charsmap)");
+    const auto& blob = json_field(*pre, "precompiled_charsmap", path + ": the Precompiled normaliser");
+    if (!blob.is_null()) {
+      DLO_CHECK(blob.is_string(), path, ": field 'precompiled_charsmap' must be a base64 string");
+      d.charsmap_blob = base64_decode(blob.get<std::string>(), path + ": field 'precompiled_charsmap'");
+    }
+  }
+
+  const auto& pt = json_field(j, "pre_tokenizer", path);
+  auto is_whitespace_split = [](const nlohmann::json& p) { return p.is_object() && p.value("type", "") == "WhitespaceSplit"; };
+  auto is_metaspace = [](const nlohmann::json& p) {
+    return p.is_object() && p.value("type", "") == "Metaspace" && p.value("replacement", "") == std::string(kMeta) &&
+           p.value("prepend_scheme", "") == "always" && p.value("split", false);
+  };
+  DLO_CHECK(pt.is_object() && pt.value("type", "") == "Sequence" && pt.contains("pretokenizers") &&
+                pt["pretokenizers"].is_array() && pt["pretokenizers"].size() == 2 &&
+                is_whitespace_split(pt["pretokenizers"][0]) && is_metaspace(pt["pretokenizers"][1]),
+            path, ": field 'pre_tokenizer' is not T5's Sequence[WhitespaceSplit, Metaspace(replacement U+2581, "
+                  "prepend_scheme always, split true)], got ", pt.dump());
+
+  const auto& post = json_field(j, "post_processor", path);
+  const std::string post_want =
+      R"([{"Sequence":{"id":"A","type_id":0}},{"SpecialToken":{"id":"</s>","type_id":0}}])";
+  DLO_CHECK(post.is_object() && post.value("type", "") == "TemplateProcessing" && post.contains("single") &&
+                post["single"].dump() == nlohmann::json::parse(post_want).dump(),
+            path, ": field 'post_processor' must be TemplateProcessing with single = \"$A </s>\" (what dlo and "
+                  "WanPipeline add), got ", post.dump());
+
+  const auto& added = json_field(j, "added_tokens", path);
+  DLO_CHECK(added.is_array(), path, ": field 'added_tokens' must be a list");
+  for (std::size_t i = 0; i < added.size(); ++i) {
+    const auto& a = added[i];
+    const std::string where = str(path, ": field 'added_tokens[", i, "]'");
+    DLO_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && a.contains("content") &&
+                  a["content"].is_string(),
+              where, " must be an object with an integer 'id' and a string 'content', got ", a.dump());
+    const auto id = a["id"].get<std::int64_t>();
+    const std::string content = a["content"].get<std::string>();
+    DLO_CHECK(id >= 0 && id < static_cast<std::int64_t>(d.vocab.size()) && d.vocab[id] == content, where, ": '",
+              content, "' with id ", id, " is not that entry of model.vocab; added tokens outside the vocabulary are "
+              "not supported");
+    for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"})
+      DLO_CHECK(!a.value(flag, false), where, ": '", content, "' has ", flag,
+                " = true; only added tokens matched exactly on the raw text are supported");
+    if (!content.empty()) d.added.emplace_back(content, id);
+  }
+  return d;
+}
+
 }  // namespace
 
 std::string html_unescape(const std::string& text) { return utf8_encode(html_unescape32(utf8_decode(text, "text"))); }
@@ -668,29 +810,11 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
   return with_context(str("loading tokenizer '", dir, "'"), [&] {
     DLO_CHECK(fs::is_directory(dir), "not a directory");
     const std::string model_path = (fs::path(dir) / "spiece.model").string();
-    if (!fs::exists(model_path)) {
-      DLO_CHECK(!fs::exists(fs::path(dir) / "tokenizer.json"),
-                "the folder holds tokenizer.json but no spiece.model; dlo reads T5 tokenizers only from the "
-                "SentencePiece model spiece.model (tokenizer.json alone, as transformers 5 saves it, is not "
-                "supported): copy spiece.model from the original repository (e.g. google/umt5-xxl) into it");
-      DLO_CHECK(false, "no spiece.model in the folder (dlo reads T5 tokenizers from the SentencePiece model spiece.model)");
-    }
-    auto impl = std::make_unique<Impl>();
-    impl->dir = dir;
-    const std::string bytes = read_file(model_path);
-    {
-      // SentencePiece itself must accept the file (it validates the model thoroughly).
-      sentencepiece::SentencePieceProcessor sp;
-      const auto status = sp.LoadFromSerializedProto(bytes);
-      DLO_CHECK(status.ok(), model_path, ": SentencePiece cannot load it: ", status.ToString());
-    }
-    SpmModel m = parse_spm(bytes, model_path);
-    DLO_CHECK(!m.pieces.empty(), model_path, ": no pieces (not a SentencePiece model?)");
-    DLO_CHECK(m.model_type == 1, model_path, ": model type ", m.model_type,
-              " is not unigram (1); T5 tokenizers are unigram SentencePiece models");
-    impl->charsmap = Charsmap(m.precompiled_charsmap, model_path);
+    const std::string json_path = (fs::path(dir) / "tokenizer.json").string();
+    DLO_CHECK(fs::exists(model_path) || fs::exists(json_path),
+              "no spiece.model and no tokenizer.json in the folder (dlo reads a T5 tokenizer from either)");
 
-    // tokenizer_config.json: extra_ids, special token names, additional special tokens.
+    // tokenizer_config.json / special_tokens_map.json: extra_ids, special token names, additional tokens.
     std::int64_t extra_ids = 100;
     std::string eos = "</s>", pad = "<pad>", unk = "<unk>";
     std::vector<std::string> additional;
@@ -719,16 +843,42 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
       }
     }
 
-    // Vocabulary: the pieces, then <extra_id_{n-1}> ... <extra_id_0> (transformers' T5 converter).
-    const auto n = static_cast<std::int64_t>(m.pieces.size());
-    for (std::int64_t i = 0; i < n; ++i) {
-      impl->vocab.push_back(m.pieces[i]);
-      impl->scores.push_back(static_cast<double>(m.scores[i]));
+    // spiece.model first (the original's file), else tokenizer.json (a folder transformers 5 re-saved).
+    TokenizerData d;
+    std::vector<std::string> pieces_added;  // control and user-defined pieces of spiece.model
+    if (fs::exists(model_path)) {
+      d.source = model_path;
+      const std::string bytes = read_file(model_path);
+      {
+        // SentencePiece itself must accept the file (it validates the model thoroughly).
+        sentencepiece::SentencePieceProcessor sp;
+        const auto status = sp.LoadFromSerializedProto(bytes);
+        DLO_CHECK(status.ok(), model_path, ": SentencePiece cannot load it: ", status.ToString());
+      }
+      SpmModel m = parse_spm(bytes, model_path);
+      DLO_CHECK(!m.pieces.empty(), model_path, ": no pieces (not a SentencePiece model?)");
+      DLO_CHECK(m.model_type == 1, model_path, ": model type ", m.model_type,
+                " is not unigram (1); T5 tokenizers are unigram SentencePiece models");
+      d.charsmap_blob = m.precompiled_charsmap;
+      // Vocabulary: the pieces, then <extra_id_{n-1}> ... <extra_id_0> (transformers' T5 converter).
+      for (std::size_t i = 0; i < m.pieces.size(); ++i) {
+        d.vocab.push_back(m.pieces[i]);
+        d.scores.push_back(static_cast<double>(m.scores[i]));
+        if (m.types[i] == kPieceControl || m.types[i] == kPieceUserDefined) pieces_added.push_back(m.pieces[i]);
+      }
+      for (std::int64_t i = extra_ids - 1; i >= 0; --i) {
+        d.vocab.push_back("<extra_id_" + std::to_string(i) + ">");
+        d.scores.push_back(0.0);
+      }
+    } else {
+      d = read_tokenizer_json(json_path);  // its vocabulary already holds the extra ids
     }
-    for (std::int64_t i = extra_ids - 1; i >= 0; --i) {
-      impl->vocab.push_back("<extra_id_" + std::to_string(i) + ">");
-      impl->scores.push_back(0.0);
-    }
+
+    auto impl = std::make_unique<Impl>();
+    impl->dir = dir;
+    impl->charsmap = Charsmap(d.charsmap_blob, d.source);
+    impl->vocab = std::move(d.vocab);
+    impl->scores = std::move(d.scores);
     impl->min_score = std::numeric_limits<double>::infinity();
     for (std::size_t i = 0; i < impl->vocab.size(); ++i) {
       impl->ids[impl->vocab[i]] = static_cast<std::int64_t>(i);
@@ -736,7 +886,7 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
       impl->min_score = std::min(impl->min_score, impl->scores[i]);
     }
     auto id_of = [&](const std::string& t) { return impl->ids.count(t) ? impl->ids.at(t) : -1; };
-    DLO_CHECK(id_of(pad) == 0 && id_of(eos) == 1 && id_of(unk) == 2, model_path,
+    DLO_CHECK(id_of(pad) == 0 && id_of(eos) == 1 && id_of(unk) == 2, d.source,
               ": not a T5 vocabulary: expected ", pad, " = 0, ", eos, " = 1, ", unk, " = 2, got ", id_of(pad), ", ",
               id_of(eos), ", ", id_of(unk));
 
@@ -745,7 +895,7 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
       if (t.empty()) return;
       const std::int64_t id = id_of(t);
       DLO_CHECK(id >= 0, dir, ": special token '", t,
-                "' is neither a SentencePiece piece nor one of the extra ids; such added tokens are not supported");
+                "' is neither a piece of the vocabulary nor one of the extra ids; such added tokens are not supported");
       for (const auto& [tok, _] : impl->added)
         if (tok == t) return;
       impl->added.emplace_back(t, id);
@@ -753,9 +903,11 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
     add(pad);
     add(eos);
     add(unk);
-    for (std::int64_t i = 0; i < n; ++i)
-      if (m.types[i] == kPieceControl || m.types[i] == kPieceUserDefined) add(m.pieces[i]);
-    for (std::int64_t i = 0; i < extra_ids; ++i) add("<extra_id_" + std::to_string(i) + ">");
+    for (const auto& t : pieces_added) add(t);
+    if (d.source == model_path) {
+      for (std::int64_t i = 0; i < extra_ids; ++i) add("<extra_id_" + std::to_string(i) + ">");
+    }
+    for (const auto& [t, _] : d.added) add(t);
     for (const auto& t : additional) add(t);
     return T5Tokenizer(std::move(impl));
   });

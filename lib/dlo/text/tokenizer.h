@@ -1,5 +1,6 @@
 // The Wan text pipeline's tokenizer: diffusers' prompt cleaning plus transformers' T5Tokenizer
-// (T5TokenizerFast), on a SentencePiece unigram model (`tokenizer/spiece.model`).
+// (T5TokenizerFast), on a SentencePiece unigram model (`tokenizer/spiece.model`, or the same
+// model in `tokenizer/tokenizer.json`).
 //
 // What is equal to transformers 5.x, and how:
 //  * prompt_clean() is diffusers' pipeline_wan.prompt_clean *without ftfy* (diffusers skips
@@ -22,9 +23,13 @@
 //  * The vocabulary is the SentencePiece pieces followed by the `extra_ids` sentinels in reverse
 //    (<extra_id_{n-1}> ... <extra_id_0>), as transformers' T5 converter builds it.
 //
-// Supported tokenizer folders: `spiece.model` (required) with optional `tokenizer_config.json`
-// (extra_ids, additional_special_tokens, eos/pad/unk tokens) and `special_tokens_map.json`.
-// A folder with only `tokenizer.json` is refused with an error that says so.
+// Supported tokenizer folders: `spiece.model` with optional `tokenizer_config.json` (extra_ids,
+// additional_special_tokens, eos/pad/unk tokens) and `special_tokens_map.json`; or, without
+// spiece.model, `tokenizer.json` as transformers 5's save_pretrained writes a T5 tokenizer (the
+// same pipeline serialised by tokenizers: Unigram vocabulary with scores, Precompiled charsmap in
+// base64, WhitespaceSplit + Metaspace, "$A </s>", added tokens). A tokenizer.json of any other
+// shape (BPE, byte fallback, another normaliser or pre-tokeniser, stripping added tokens) is
+// refused naming the field. With both files, spiece.model is read.
 #pragma once
 
 #include <cstdint>
@@ -52,9 +57,9 @@ struct TokenizedBatch {
 
 class T5Tokenizer {
  public:
-  // Loads a transformers T5 tokenizer folder. Throws dlo::Error naming the folder and file when
-  // spiece.model is missing (saying when only tokenizer.json is there), unreadable, not a
-  // unigram model, or lacks the T5 ids pad=0, </s>=1, <unk>=2.
+  // Loads a transformers T5 tokenizer folder. Throws dlo::Error naming the folder, file and field
+  // when neither spiece.model nor tokenizer.json is there, or the file is unreadable, not a
+  // unigram model, not of the supported shape (above), or lacks the T5 ids pad=0, </s>=1, <unk>=2.
   static T5Tokenizer load(const std::string& dir);
 
   T5Tokenizer(T5Tokenizer&&) noexcept;
