@@ -124,6 +124,36 @@ TEST_CASE("bad inputs are refused with the input named") {
   CHECK_THROWS_WITH_AS(m.forward(x, at::tensor({1, 2}, at::kLong), ctx), doctest::Contains("timestep must be [1]"), Error);
   CHECK_THROWS_WITH_AS(m.forward(x, t, at::randn({1, 5, 8})), doctest::Contains("encoder_hidden_states must be [1, L, 16]"), Error);
   CHECK_THROWS_WITH_AS(m.forward(at::randn({1, 4, 2, 80, 4}), t, ctx), doctest::Contains("exceeds rope_max_seq_len 32"), Error);
+  // Per-token timesteps: [B, L] with L the post-patch tokens (2 x 2 x 2 here), nothing else.
+  CHECK_THROWS_WITH_AS(m.forward(x, at::full({1, 9}, 500, at::kLong), ctx),
+                       doctest::Contains("or [1, 8] (one per token, Wan2.2's expand_timesteps)"), Error);
+  CHECK_THROWS_WITH_AS(m.forward(x, at::full({1, 8, 1}, 500, at::kLong), ctx), doctest::Contains("timestep must be"),
+                       Error);
+}
+
+TEST_CASE("per-token timesteps: all tokens at t equal one timestep t; tokens at different t differ where they should") {
+  TempDir dir;
+  write_random_wan_transformer(dir.file("t"), small_config(), DType::F32, 2, 0);
+  auto m = WanTransformer::load(dir.file("t"), at::kFloat);
+  auto x = at::randn({2, 4, 2, 4, 4});
+  auto ctx = at::randn({2, 5, 16});
+  const auto per_sample = m.forward(x, at::tensor({500, 20}, at::kLong), ctx);
+  auto tokens = at::empty({2, 8}, at::kLong);
+  tokens[0].fill_(500);
+  tokens[1].fill_(20);
+  // Not bitwise: the time embedder's GEMMs see 16 rows instead of 2, and this libtorch's kernels
+  // round differently by row count (measured max |diff| 1.2e-6 on outputs of ~3.5); the bitwise
+  // comparison with diffusers on the same [B, L] shapes is in the parity tests.
+  auto max_diff = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); };
+  const double same = max_diff(m.forward(x, tokens, ctx), per_sample);
+  MESSAGE("per-token = per-sample timesteps: max |diff| ", same, ", max |out| ", per_sample.abs().max().item<double>());
+  CHECK(same <= 1e-5);
+  // Sample 1's first frame (tokens 0-3) at 0, as WanPipeline's expand_timesteps gives a
+  // conditioning frame: sample 0 is unchanged, sample 1 is not.
+  tokens[1].slice(0, 0, 4).fill_(0);
+  const auto mixed = m.forward(x, tokens, ctx);
+  CHECK(max_diff(mixed[0], per_sample[0]) <= 1e-5);
+  CHECK(max_diff(mixed[1], per_sample[1]) > 1e-2);
 }
 
 TEST_CASE("streaming blocks through begin/wan_block_forward/end equals forward(), with blocks bound from any tensors") {

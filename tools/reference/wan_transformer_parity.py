@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--height", type=int, default=16)
     ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--text-len", type=int, default=12)
+    ap.add_argument("--per-token-timesteps", action="store_true",
+                    help="timestep [B, L], one per token (Wan2.2 TI2V's expand_timesteps), else [B]")
     ap.add_argument("--diffusers-test-inputs", action="store_true",
                     help="inputs drawn exactly as diffusers' transformer unit test draws them")
     args = ap.parse_args()
@@ -52,6 +54,12 @@ def main():
             x = torch.randn((args.batch, cfg.in_channels, args.frames, args.height, args.width), generator=g)
             ctx = torch.randn((args.batch, args.text_len, cfg.text_dim), generator=g)
             t = torch.randint(0, 1000, (args.batch,), generator=g)  # a different timestep per sample
+            if args.per_token_timesteps:
+                pt, ph, pw = cfg.patch_size
+                tokens = (args.frames // pt) * (args.height // ph) * (args.width // pw)
+                # As WanPipeline's expand_timesteps draws them (0 where the first frame is given,
+                # t elsewhere), and here a different value per token to catch any mix-up.
+                t = torch.randint(0, 1000, (args.batch, tokens), generator=g)
         x, ctx = x.to(dtype), ctx.to(dtype)
 
         inputs = os.path.join(tmp, "in.safetensors")

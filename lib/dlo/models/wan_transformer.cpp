@@ -123,7 +123,13 @@ at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s,
                              const WanTransformerConfig& c) {
   at::Tensor h = h_in;
   const auto dt = h.scalar_type();
-  auto mod = (as_dtype(w.scale_shift_table, at::kFloat) + s.tproj.to(at::kFloat)).chunk(6, 1);
+  // Modulation: tproj [B, 6, D] gives [B, 1, D] per term; per-token tproj [B, L, 6, D] (Wan2.2
+  // TI2V's expanded timesteps) gives [B, L, D], as diffusers' block squeezes it.
+  const at::Tensor table = as_dtype(w.scale_shift_table, at::kFloat);
+  std::vector<at::Tensor> mod = s.tproj.dim() == 4 ? (table.unsqueeze(0) + s.tproj.to(at::kFloat)).chunk(6, 2)
+                                                   : (table + s.tproj.to(at::kFloat)).chunk(6, 1);
+  if (s.tproj.dim() == 4)
+    for (auto& m : mod) m = m.squeeze(2);
   const at::Tensor &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
   const at::Tensor &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
   const at::Tensor none;
@@ -225,8 +231,11 @@ void WanTransformer::check_inputs(const at::Tensor& x_in, const at::Tensor& time
   DLO_CHECK(frames > 0 && height > 0 && width > 0, "hidden_states is empty: ", x_in.sizes());
   DLO_CHECK(std::max({frames, height, width}) <= c.rope_max_seq_len, "latent grid ", frames, "x", height, "x", width,
             " exceeds rope_max_seq_len ", c.rope_max_seq_len);
-  DLO_CHECK(timestep.dim() == 1 && timestep.size(0) == B, "timestep must be [", B,
-            "] (one per batch entry of hidden_states), got ", timestep.sizes());
+  const std::int64_t L = frames * height * width;
+  DLO_CHECK((timestep.dim() == 1 && timestep.size(0) == B) ||
+                (timestep.dim() == 2 && timestep.size(0) == B && timestep.size(1) == L),
+            "timestep must be [", B, "] (one per batch entry of hidden_states) or [", B, ", ", L,
+            "] (one per token, Wan2.2's expand_timesteps), got ", timestep.sizes());
   DLO_CHECK(!timestep.is_complex() && timestep.scalar_type() != at::kBool, "timestep must be numbers, got ",
             c10::toString(timestep.scalar_type()));
   DLO_CHECK(context_in.dim() == 3 && context_in.size(0) == B && context_in.size(2) == c.text_dim,
@@ -267,10 +276,16 @@ WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& 
   at::Tensor h = at::conv3d(x, as_dtype(g.patch_w, dt), as_dtype(g.patch_b, dt), {p[0], p[1], p[2]});
   s.h = h.flatten(2).transpose(1, 2).contiguous();
 
-  at::Tensor ts = timestep_embedding(tsteps, c.freq_dim).to(g.time1_w.scalar_type());
+  // One timestep per sample ([B] -> temb [B, D], tproj [B, 6, D]) or per token ([B, L] -> temb
+  // [B, L, D], tproj [B, L, 6, D]), as diffusers' condition embedder (it embeds the flattened
+  // timesteps, then restores [B, L]).
+  const bool per_token = tsteps.dim() == 2;
+  at::Tensor ts = timestep_embedding(tsteps.flatten(), c.freq_dim);
+  if (per_token) ts = ts.unflatten(0, {s.batch, -1});
+  ts = ts.to(g.time1_w.scalar_type());
   at::Tensor temb = at::linear(at::silu(at::linear(ts, g.time1_w, g.time1_b)), g.time2_w, g.time2_b);
   s.temb = temb.to(dt);
-  s.tproj = linear(at::silu(s.temb), g.time_proj_w, g.time_proj_b).unflatten(1, {6, -1});
+  s.tproj = linear(at::silu(s.temb), g.time_proj_w, g.time_proj_b).unflatten(per_token ? 2 : 1, {6, -1});
   s.context = linear(at::gelu(linear(context, g.text1_w, g.text1_b), "tanh"), g.text2_w, g.text2_b);
   return s;
 }
@@ -294,7 +309,11 @@ at::Tensor WanTransformer::end(const WanForwardState& s) const {
   const auto& c = config_;
   const auto& p = c.patch_size;
   const auto dt = s.h.scalar_type();
-  auto ss = (as_dtype(global_.scale_shift_table, at::kFloat) + s.temb.unsqueeze(1)).chunk(2, 1);
+  const at::Tensor table = as_dtype(global_.scale_shift_table, at::kFloat);
+  std::vector<at::Tensor> ss = s.temb.dim() == 3 ? (table.unsqueeze(0) + s.temb.unsqueeze(2)).chunk(2, 2)
+                                                 : (table + s.temb.unsqueeze(1)).chunk(2, 1);
+  if (s.temb.dim() == 3)
+    for (auto& v : ss) v = v.squeeze(2);
   at::Tensor h = (fp32_layer_norm(s.h.to(at::kFloat), {}, {}, c.eps) * (1 + ss[1]) + ss[0]).to(dt);
   h = linear(h, global_.proj_out_w, global_.proj_out_b);
   h = h.reshape({s.batch, s.frames, s.height, s.width, p[0], p[1], p[2], -1}).permute({0, 7, 1, 4, 2, 5, 3, 6});

@@ -51,8 +51,8 @@ struct WanGlobalWeights {
 // Per-forward state between begin() and end().
 struct WanForwardState {
   at::Tensor h;        // [B, L, D] hidden tokens, compute dtype
-  at::Tensor temb;     // [B, D]
-  at::Tensor tproj;    // [B, 6, D]
+  at::Tensor temb;     // [B, D], or [B, L, D] with per-token timesteps
+  at::Tensor tproj;    // [B, 6, D], or [B, L, 6, D] with per-token timesteps
   at::Tensor context;  // [B, S, D] projected text
   at::Tensor rope_cos, rope_sin;  // [1, L, 1, head_dim] fp32
   std::int64_t batch = 0, frames = 0, height = 0, width = 0;  // post-patch grid
@@ -77,11 +77,12 @@ class WanTransformer {
 
   // Checks inputs without computing anything (for start-up checks): hidden_states x [B, C_in, F,
   // H, W] with F, H, W multiples of patch_size; timestep [B] (0-dim refused, as diffusers'
-  // timestep embedding refuses it); context [B, S, text_dim]; one B for all three. Throws
+  // timestep embedding refuses it) or [B, L], one per token (L = the post-patch F*H*W: Wan2.2
+  // TI2V's expand_timesteps); context [B, S, text_dim]; one B for all three. Throws
   // dlo::Error naming the input.
   void check_inputs(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const;
   // Validates inputs (check_inputs) and computes embeddings and RoPE tables.
-  // x: [B, C_in, F, H, W]; timestep: [B]; context: [B, S, text_dim].
+  // x: [B, C_in, F, H, W]; timestep: [B] or [B, L]; context: [B, S, text_dim].
   WanForwardState begin(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const;
   // Output head and unpatchify: [B, C_out, F, H, W] in the compute dtype.
   at::Tensor end(const WanForwardState& s) const;
