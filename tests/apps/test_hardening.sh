@@ -136,7 +136,7 @@ run 0 "" "DLO_GATHER_TIMEOUT_S=30" -- env DLO_GATHER_TIMEOUT_S=30 "${FWD[@]}" --
 
 echo "== inputs that disagree are caught at start: batch sizes, a 0-dim timestep"
 run 2 "encoder_hidden_states must be \[2, L, 16\] (batch 2 as hidden_states), got \[1, 3, 16\]" "batch 2 latents with batch 1 text" -- "${FWD[@]}" --inputs "$T/batch.safetensors" --out "$T/o.safetensors"
-run 2 "timestep must be \[1\] (one per batch entry of hidden_states), got \[\]" "a 0-dim timestep" -- "${FWD[@]}" --inputs "$T/t0.safetensors" --out "$T/o.safetensors"
+run 2 "timestep must be \[1\] (one per batch entry of hidden_states) or \[1, [0-9]*\] (one per token, Wan2.2.s expand_timesteps), got \[\]" "a 0-dim timestep" -- "${FWD[@]}" --inputs "$T/t0.safetensors" --out "$T/o.safetensors"
 
 echo "== make refuses before writing anything; its parts fit together"
 run 2 "unknown component 'bogus'" "make --components transformer,bogus" -- "$CK" make "$T/bogus" --components transformer,bogus

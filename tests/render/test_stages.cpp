@@ -1,8 +1,9 @@
 // The render stages against WanPipeline, step by step (tests/data/goldens/wan_pipeline_steps.safetensors,
 // made by tools/reference/make_pipeline_goldens.py): the prompt and negative-prompt contexts the
 // transformer gets, the initial latents, every step's timestep and latents, and the final frames,
-// for a tiny fp32 model. fp32 on the CPU is bitwise equal to diffusers, so every comparison is
-// exact: a wrong guidance base, another step's timestep, the positive prompt's context used for
+// for a tiny fp32 model. fp32 on the CPU is bitwise equal to diffusers, so on the CPU type that
+// made the goldens every comparison is exact (elsewhere fp32 GEMMs round differently: within a
+// tolerance, tests/models/golden.h; the parity label recomputes WanPipeline there): a wrong guidance base, another step's timestep, the positive prompt's context used for
 // the negative branch, a scheduler step off by one, each fails here at the step where it happens.
 #include "common/doctest_torch.h"
 
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
+#include "models/golden.h"
 #include "dlo/common/error.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/models/tensor_view.h"
@@ -32,8 +34,28 @@ const dlo::Checkpoint& goldens() {
 
 at::Tensor golden(const std::string& name) { return dlo::tensor_view(goldens(), name).clone(); }
 
+bool goldens_made_here() {
+  static const bool here = [] {
+    const auto& m = goldens().metadata();
+    auto it = m.find("cpu");
+    return it != m.end() && it->second == dlo::test::cpu_fingerprint();
+  }();
+  return here;
+}
+
+// Bitwise on the CPU that made the goldens; on another, fp32 within rel 1e-4 (a few steps of
+// GEMMs that round differently: measured up to 1.5e-6 on 2026-12-02) and integers within 1.
 bool same(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a, b);
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  if (goldens_made_here() || at::equal(a, b)) return at::equal(a, b);
+  if (at::isFloatingType(a.scalar_type())) {
+    const double err = dlo::test::golden_rel_err(a, b);
+    MESSAGE("goldens made on another CPU: rel err ", err, " (bar 1e-4)");
+    return err <= 1e-4;
+  }
+  const double diff = (a.to(at::kLong) - b.to(at::kLong)).abs().max().item<double>();
+  MESSAGE("goldens made on another CPU: max |diff| ", diff, " (bar 1)");
+  return diff <= 1;
 }
 
 // The model folder the goldens were made from: dlo-checkpoint make DIR --preset wan-test --layers 2
@@ -107,7 +129,11 @@ TEST_CASE("every stage of WanPipeline, step by step: contexts, latents, timestep
 
     dlo::finish_job(run, vae, info, {}, {});
     REQUIRE_MESSAGE(!run.failed(), run.result.error);
-    CHECK(run.result.frames_sha256 == m["frames_sha256"].get<std::string>());
+    if (goldens_made_here()) {
+      CHECK(run.result.frames_sha256 == m["frames_sha256"].get<std::string>());
+    } else {
+      MESSAGE("goldens made on another CPU: frames' sha256 not compared (the latents were, within a tolerance)");
+    }
     const at::Tensor frames = golden(c + ".frames");
     CHECK(run.result.frames == frames.size(0));
     CHECK(run.result.height == frames.size(1));

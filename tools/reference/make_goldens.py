@@ -12,9 +12,11 @@ holds the sum of all weights in float64 ("weights_sum"), so a changed random wri
 such rather than as a wrong model.
 
 Every golden file: the inputs, "output" (and, for UMT5, "last_hidden_state"), and metadata
-{"component", "config" (config.json text), "seed", "weights_dtype", "compute_dtype",
-"weights_sum", "made_by"}. Fixed seeds, 1 thread: rerunning gives the same tensors and metadata
-(the header's key order may differ: the safetensors writer does not sort metadata keys).
+{"component", "cpu", "config" (config.json text), "seed", "weights_dtype", "compute_dtype",
+"weights_sum", "made_by"}. Fixed seeds, 1 thread: rerunning on the same CPU gives the same tensors
+and metadata (the header's key order may differ: the safetensors writer does not sort metadata
+keys). "cpu" is parity_common.cpu_fingerprint(): fp32 outputs are bit-exact only on the CPU type
+that made them (the C++ tests hold other CPUs to a tolerance, tests/models/golden.h).
 
 Regenerate (after a deliberate change to the random writers or to the reference versions):
   tools/setup.sh && .venv/bin/python tools/reference/make_goldens.py --bin build/bin --out tests/data/goldens
@@ -30,6 +32,9 @@ import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parity_common import cpu_fingerprint  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -139,7 +144,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             folder = os.path.join(make(args.bin, tmp, flags, wdt, seed), comp)
             tensors = run[comp](folder, DTYPES[cdt], seed, sizes)
-            meta = {"component": comp, "config": open(os.path.join(folder, "config.json")).read(), "seed": str(seed),
+            meta = {"component": comp, "cpu": cpu_fingerprint(), "config": open(os.path.join(folder, "config.json")).read(), "seed": str(seed),
                     "weights_dtype": wdt, "compute_dtype": cdt, "weights_sum": repr(weights_sum(folder)),
                     "made_by": f"tools/reference/make_goldens.py: dlo-checkpoint make {' '.join(flags)} --seed {seed}"
                                f" (--dtype {wdt}); torch {torch.__version__}, diffusers {diffusers.__version__}, "

@@ -1,5 +1,7 @@
 """What the parity scripts share: their common flags, making a random model with
-`dlo-checkpoint make`, running `dlo-forward` on it, and the relative error."""
+`dlo-checkpoint make`, running `dlo-forward` on it, the relative error, and the CPU fingerprint
+stored goldens record."""
+import hashlib
 import os
 import subprocess
 import time
@@ -8,6 +10,21 @@ import torch
 from safetensors.torch import load_file
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cpu_fingerprint():
+    """"<vendor_id> | <model name> | <16 hex of sha256(flags)>" of the first CPU in /proc/cpuinfo,
+    as tests/models/golden.h computes it: fp32 GEMMs and convolutions round differently on different
+    x86 microarchitectures, so a stored golden is bit-exact only on the CPU that made it."""
+    fields = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.rstrip(" \t"), value[1:].rstrip("\n"))
+    flags = fields.get("flags", "")
+    return f"{fields.get('vendor_id', '')} | {fields.get('model name', '')} | {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
 
 
 def add_common_args(ap, make_example):
