@@ -42,6 +42,23 @@ check "--scheduler" --scheduler ddim
 check "--flow-shift: must be a positive number" --flow-shift -2
 check "model folder '$T/nope': not a folder" --model "$T/nope"
 check "lacks vae/, text_encoder/, tokenizer/" --model "$T/partial"
+# Wan2.2 folders (model_index.json as diffusers writes them) are refused by name, not rendered
+# with transformer/ alone.
+index_variant() {  # index_variant NAME 'python dict update'
+  mkdir "$T/$1"
+  for part in transformer vae text_encoder tokenizer scheduler; do ln -s "$T/m/$part" "$T/$1/$part"; done
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j.update($2); json.dump(j, open(sys.argv[2], 'w'))" \
+    "$T/m/model_index.json" "$T/$1/model_index.json"
+}
+index_variant a14b '{"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 0.875}'
+check "model_index.json: field 'transformer_2' is [\"diffusers\",\"WanTransformer3DModel\"]: a second expert" --model "$T/a14b"
+index_variant ratio '{"transformer_2": [None, None], "boundary_ratio": 0.9}'
+check "model_index.json: field 'boundary_ratio' is 0.9" --model "$T/ratio"
+index_variant ti2v '{"expand_timesteps": True}'
+check "model_index.json: field 'expand_timesteps' is true (Wan2.2 TI2V-5B" --model "$T/ti2v"
+index_variant i2v '{"_class_name": "WanImageToVideoPipeline"}'
+check "field '_class_name' is 'WanImageToVideoPipeline'" --model "$T/i2v"
+index_variant saved '{"transformer_2": [None, None], "boundary_ratio": None, "expand_timesteps": False}'
 check "--out: the folder '$T/missing' of '$T/missing/v.mp4' does not exist" --out "$T/missing/v.mp4"
 check "--out: '/dev/null' is a character device" --out /dev/null
 check "--save-latents: the folder '$T/missing' of" --save-latents "$T/missing/l.safetensors"
@@ -70,6 +87,11 @@ for np in 1 2 3; do
     echo "ok: np $np $s: frames sha256 $sha"
   done
 done
+# model_index.json as WanPipeline.save_pretrained writes a Wan2.1 folder (the Wan2.2 fields null
+# or false): the same frames.
+"${GEN[@]}" --model "$T/saved" --out "$T/v_saved.mp4" --report "$T/r.json" --quiet >/dev/null
+[ "$(sha_of "$T/r.json")" = "$ref" ] || fail "model_index.json with null Wan2.2 fields: other frames"
+echo "ok: model_index.json with transformer_2 [null, null], boundary_ratio null, expand_timesteps false: same frames"
 
 # 3. The MP4 as ffprobe sees it, and lossless outputs decoding to the reported frames.
 mp4=$T/v_1_resident.mp4

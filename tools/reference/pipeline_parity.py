@@ -79,6 +79,9 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", help="existing model folder (else a random one is made)")
     ap.add_argument("--make-args", default="", help="extra dlo-checkpoint make flags")
+    ap.add_argument("--resave", action="store_true",
+                    help="compare on the folder WanPipeline.save_pretrained writes from the model (the diffusers "
+                         "0.42 model_index.json, the tokenizer as tokenizer.json alone, sharded weights)")
     ap.add_argument("--cases", default="fp32-unipc-cfg,fp32-unipc-nocfg,fp32-euler-cfg,fp32-euler-nocfg")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--steps", type=int, default=3)
@@ -101,6 +104,17 @@ def main():
         if model is None:
             model = os.path.join(tmp, "model")
             make_model(args.bin, model, args.seed, args.make_args)
+        if args.resave:
+            from diffusers import WanPipeline
+            saved = os.path.join(tmp, "saved")
+            WanPipeline.from_pretrained(model, torch_dtype=torch.float32).save_pretrained(saved, max_shard_size="2MB")
+            index = json.load(open(os.path.join(saved, "model_index.json")))
+            tokenizer = sorted(os.listdir(os.path.join(saved, "tokenizer")))
+            shards = sorted(n for n in os.listdir(os.path.join(saved, "transformer")) if n.endswith(".safetensors"))
+            print(f"re-saved by WanPipeline.save_pretrained: model_index.json keys {sorted(index)}, tokenizer/ "
+                  f"{tokenizer}, transformer/ {len(shards)} shards")
+            assert "spiece.model" not in tokenizer and "tokenizer.json" in tokenizer, tokenizer
+            model = saved
         for case in args.cases.split(","):
             dtype, scheduler, cfg = case.split("-")
             guidance = args.guidance if cfg == "cfg" else 1.0

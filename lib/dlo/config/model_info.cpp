@@ -14,6 +14,8 @@
 #include "dlo/common/sha256.h"
 #include "dlo/io/json_config.h"
 
+#include <nlohmann/json.hpp>
+
 namespace dlo {
 namespace {
 
@@ -91,6 +93,32 @@ void hash_file(Sha256& h, const std::string& path) {
   ::close(fd);
 }
 
+// model_index.json as diffusers 0.42 writes a WanPipeline: the pipeline class, and the Wan2.2
+// fields that change what a folder means. A folder of the two-expert A14B (transformer_2 and
+// boundary_ratio) or of TI2V-5B (expand_timesteps) would otherwise render with transformer/ alone
+// and one timestep per sample: a wrong video without an error. They are refused by name until
+// this build runs them.
+void check_model_index(const JsonConfig& j) {
+  const std::string& f = j.path();
+  if (j.has("_class_name")) {
+    const std::string cls = j.get_string("_class_name");
+    DLO_CHECK(cls == "WanPipeline", f, ": field '_class_name' is '", cls,
+              "'; dlo renders diffusers' WanPipeline (Wan text-to-video) folders");
+  }
+  if (const auto* t2 = j.find("transformer_2")) {
+    const bool absent = t2->is_null() || (t2->is_array() && std::all_of(t2->begin(), t2->end(),
+                                                                        [](const auto& v) { return v.is_null(); }));
+    DLO_CHECK(absent, f, ": field 'transformer_2' is ", j.dump("transformer_2"),
+              ": a second expert (Wan2.2 A14B, which switches experts at boundary_ratio); two-expert models are "
+              "not supported by this build");
+  }
+  DLO_CHECK(!j.has("boundary_ratio"), f, ": field 'boundary_ratio' is ", j.dump("boundary_ratio"),
+            " (the step at which Wan2.2 A14B switches to transformer_2); two-expert models are not supported by "
+            "this build");
+  DLO_CHECK(!j.get_bool("expand_timesteps", false), f,
+            ": field 'expand_timesteps' is true (Wan2.2 TI2V-5B: a timestep per token); not supported by this build");
+}
+
 }  // namespace
 
 std::string model_identity(const std::string& dir) {
@@ -128,6 +156,7 @@ ModelInfo read_model_info(const std::string& dir) {
                 "text_encoder/, tokenizer/ and scheduler/)");
     }
     check_regular_file(dir + "/model_index.json");
+    check_model_index(JsonConfig::load(dir + "/model_index.json"));
     ModelInfo info;
     info.dir = dir;
     info.transformer = WanTransformerConfig::from_json(JsonConfig::load(dir + "/transformer/config.json"));
