@@ -74,24 +74,21 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return out;
 }
 
-at::Tensor attention(const at::Tensor& x, const at::Tensor& kv_src, const at::Tensor& q_w, const at::Tensor& q_b,
-                     const at::Tensor& k_w, const at::Tensor& k_b, const at::Tensor& v_w, const at::Tensor& v_b,
-                     const at::Tensor& o_w, const at::Tensor& o_b, const at::Tensor& nq, const at::Tensor& nk,
-                     const WanForwardState* rope, const WanTransformerConfig& c) {
+// Cross-attention of x's tokens on the text context (no RoPE): q from x, k and v from ctx.
+at::Tensor cross_attention(const at::Tensor& x, const at::Tensor& ctx, const at::Tensor& q_w, const at::Tensor& q_b,
+                           const at::Tensor& k_w, const at::Tensor& k_b, const at::Tensor& v_w, const at::Tensor& v_b,
+                           const at::Tensor& o_w, const at::Tensor& o_b, const at::Tensor& nq, const at::Tensor& nk,
+                           const WanTransformerConfig& c) {
   const auto D = c.dim();
   at::Tensor q = linear(x, q_w, q_b);
-  at::Tensor k = linear(kv_src, k_w, k_b);
-  at::Tensor v = linear(kv_src, v_w, v_b);
+  at::Tensor k = linear(ctx, k_w, k_b);
+  at::Tensor v = linear(ctx, v_w, v_b);
   // torch.nn.RMSNorm over the whole D (across heads).
   q = at::rms_norm(q, {D}, as_dtype(nq, q.scalar_type()), c.eps);
   k = at::rms_norm(k, {D}, as_dtype(nk, k.scalar_type()), c.eps);
   q = q.unflatten(2, {c.num_attention_heads, -1});
   k = k.unflatten(2, {c.num_attention_heads, -1});
   v = v.unflatten(2, {c.num_attention_heads, -1});
-  if (rope != nullptr) {
-    q = apply_rope(q, rope->rope_cos, rope->rope_sin);
-    k = apply_rope(k, rope->rope_cos, rope->rope_sin);
-  }
   at::Tensor o = at::scaled_dot_product_attention(q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}),
                                                   v.permute({0, 2, 1, 3}));
   o = o.permute({0, 2, 1, 3}).flatten(2, 3).to(q.scalar_type());
@@ -119,31 +116,60 @@ std::pair<at::Tensor, at::Tensor> rope_1d(std::int64_t dim, std::int64_t max_len
 
 }  // namespace
 
-at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h_in,
-                             const WanTransformerConfig& c) {
-  at::Tensor h = h_in;
-  const auto dt = h.scalar_type();
-  // Modulation: tproj [B, 6, D] gives [B, 1, D] per term; per-token tproj [B, L, 6, D] (Wan2.2
-  // TI2V's expanded timesteps) gives [B, L, D], as diffusers' block squeezes it.
+namespace {
+
+// Modulation: tproj [B, 6, D] gives [B, 1, D] per term; per-token tproj [B, L, 6, D] (Wan2.2
+// TI2V's expanded timesteps) gives [B, L, D], as diffusers' block squeezes it.
+std::vector<at::Tensor> block_modulation(const WanBlockWeights& w, const WanForwardState& s) {
   const at::Tensor table = as_dtype(w.scale_shift_table, at::kFloat);
   std::vector<at::Tensor> mod = s.tproj.dim() == 4 ? (table.unsqueeze(0) + s.tproj.to(at::kFloat)).chunk(6, 2)
                                                    : (table + s.tproj.to(at::kFloat)).chunk(6, 1);
   if (s.tproj.dim() == 4)
     for (auto& m : mod) m = m.squeeze(2);
-  const at::Tensor &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
-  const at::Tensor &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
+  return mod;  // shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate
+}
+
+}  // namespace
+
+WanSelfAttnInputs wan_block_self_attn_inputs(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h,
+                                             const WanTransformerConfig& c) {
+  const auto dt = h.scalar_type();
+  const auto mod = block_modulation(w, s);
+  const at::Tensor none;
+  const at::Tensor n = (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + mod[1]) + mod[0]).to(dt);
+  const auto D = c.dim();
+  at::Tensor q = linear(n, w.q1_w, w.q1_b);
+  at::Tensor k = linear(n, w.k1_w, w.k1_b);
+  at::Tensor v = linear(n, w.v1_w, w.v1_b);
+  // torch.nn.RMSNorm over the whole D (across heads): needs every head of a token.
+  q = at::rms_norm(q, {D}, as_dtype(w.norm_q1, q.scalar_type()), c.eps).unflatten(2, {c.num_attention_heads, -1});
+  k = at::rms_norm(k, {D}, as_dtype(w.norm_k1, k.scalar_type()), c.eps).unflatten(2, {c.num_attention_heads, -1});
+  v = v.unflatten(2, {c.num_attention_heads, -1});
+  return {apply_rope(q, s.rope_cos, s.rope_sin), apply_rope(k, s.rope_cos, s.rope_sin), v};
+}
+
+at::Tensor wan_self_attention(const WanSelfAttnInputs& a) {
+  at::Tensor o = at::scaled_dot_product_attention(a.q.permute({0, 2, 1, 3}), a.k.permute({0, 2, 1, 3}),
+                                                  a.v.permute({0, 2, 1, 3}));
+  return o.permute({0, 2, 1, 3});
+}
+
+at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h_in,
+                            const at::Tensor& attn, const WanTransformerConfig& c) {
+  at::Tensor h = h_in;
+  const auto dt = h.scalar_type();
+  const auto mod = block_modulation(w, s);
+  const at::Tensor &gate_msa = mod[2], &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
   const at::Tensor none;
 
-  // 1. Self-attention with RoPE, gated residual in fp32.
-  at::Tensor n = (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + scale_msa) + shift_msa).to(dt);
-  at::Tensor a = attention(n, n, w.q1_w, w.q1_b, w.k1_w, w.k1_b, w.v1_w, w.v1_b, w.o1_w, w.o1_b, w.norm_q1, w.norm_k1,
-                           &s, c);
+  // 1. (continued) Self-attention's output projection, gated residual in fp32.
+  at::Tensor a = linear(attn.flatten(2, 3).to(dt), w.o1_w, w.o1_b);
   h = (h.to(at::kFloat) + a * gate_msa).to(dt);
 
   // 2. Cross-attention on the text context, plain residual in the compute dtype.
-  n = c.cross_attn_norm ? fp32_layer_norm(h.to(at::kFloat), w.norm2_w, w.norm2_b, c.eps).to(dt) : h;
-  a = attention(n, s.context, w.q2_w, w.q2_b, w.k2_w, w.k2_b, w.v2_w, w.v2_b, w.o2_w, w.o2_b, w.norm_q2, w.norm_k2,
-                nullptr, c);
+  at::Tensor n = c.cross_attn_norm ? fp32_layer_norm(h.to(at::kFloat), w.norm2_w, w.norm2_b, c.eps).to(dt) : h;
+  a = cross_attention(n, s.context, w.q2_w, w.q2_b, w.k2_w, w.k2_b, w.v2_w, w.v2_b, w.o2_w, w.o2_b, w.norm_q2,
+                      w.norm_k2, c);
   h = h + a;
 
   // 3. Feed-forward (GELU tanh), gated residual in fp32.
@@ -151,6 +177,41 @@ at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s,
   at::Tensor f = linear(at::gelu(linear(n, w.ffn0_w, w.ffn0_b), "tanh"), w.ffn2_w, w.ffn2_b);
   return (h.to(at::kFloat) + f.to(at::kFloat) * c_gate).to(dt);
 }
+
+at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h,
+                             const WanTransformerConfig& c) {
+  return wan_block_finish(w, s, h, wan_self_attention(wan_block_self_attn_inputs(w, s, h, c)), c);
+}
+
+WanForwardState wan_state_rows(const WanForwardState& s, std::int64_t offset, std::int64_t length) {
+  DLO_ASSERT(offset >= 0 && length > 0 && offset + length <= s.h.size(1), "rows [", offset, ", ", offset + length,
+             ") of ", s.h.size(1));
+  WanForwardState r = s;
+  r.h = s.h.narrow(1, offset, length);
+  r.rope_cos = s.rope_cos.narrow(1, offset, length);
+  r.rope_sin = s.rope_sin.narrow(1, offset, length);
+  if (s.temb.dim() == 3) r.temb = s.temb.narrow(1, offset, length);
+  if (s.tproj.dim() == 4) r.tproj = s.tproj.narrow(1, offset, length);
+  return r;
+}
+
+std::vector<at::Tensor> ulysses_heads_for_each(const at::Tensor& x, const std::vector<std::int64_t>& head_offset,
+                                               const std::vector<std::int64_t>& head_count) {
+  std::vector<at::Tensor> out;
+  for (std::size_t g = 0; g < head_offset.size(); ++g) out.push_back(x.narrow(2, head_offset[g], head_count[g]));
+  return out;
+}
+
+at::Tensor ulysses_join_sequence(const std::vector<at::Tensor>& from_each) { return at::cat(from_each, 1); }
+
+std::vector<at::Tensor> ulysses_rows_for_each(const at::Tensor& x, const std::vector<std::int64_t>& row_offset,
+                                              const std::vector<std::int64_t>& row_count) {
+  std::vector<at::Tensor> out;
+  for (std::size_t r = 0; r < row_offset.size(); ++r) out.push_back(x.narrow(1, row_offset[r], row_count[r]));
+  return out;
+}
+
+at::Tensor ulysses_join_heads(const std::vector<at::Tensor>& from_each) { return at::cat(from_each, 2); }
 
 // ---------------------------------------------------------------------------------------------
 // Model
