@@ -353,12 +353,12 @@ std::map<std::string, JobFieldValue> read_model_job_defaults(const std::string& 
   if (doc.contains("defaults")) {
     const ojson& d = doc["defaults"];
     if (!d.is_object()) add("defaults", "must be an object of job fields");
+    std::vector<std::string> allowed;  // the fields a model folder may recommend, for messages
+    for (const auto& row : job_fields())
+      if (row.from(kFromModel)) allowed.push_back(row.key);
     for (auto it = d.is_object() ? d.begin() : d.end(); it != d.end(); ++it) {
       const std::string where = "defaults." + it.key();
       const JobField* f = find_job_field(it.key());
-      std::vector<std::string> allowed;
-      for (const auto& row : job_fields())
-        if (row.from(kFromModel)) allowed.push_back(row.key);
       if (!f || !f->from(kFromModel)) {
         add(where, str(f ? "is not a setting a model folder may recommend" : "unknown job field", " (",
                        choice_list(allowed), ")"));
