@@ -46,9 +46,9 @@ inline std::string cpu_fingerprint() {
     std::string key = line.substr(0, colon);
     key.erase(key.find_last_not_of(" \t") + 1);
     std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-    if (key == "vendor_id") vendor = value;
-    if (key == "model name") model = value;
-    if (key == "flags") flags = value;
+    if (key == "vendor_id" || (key == "CPU implementer" && vendor.empty())) vendor = value;  // x86, else arm64
+    if (key == "model name" || (key == "CPU part" && model.empty())) model = value;
+    if (key == "flags" || (key == "Features" && flags.empty())) flags = value;
   }
   return vendor + " | " + model + " | " + dlo::sha256_hex(flags.data(), flags.size()).substr(0, 16);
 }

@@ -23,8 +23,10 @@ def cpu_fingerprint():
                 break
             key, _, value = line.partition(":")
             fields.setdefault(key.rstrip(" \t"), value[1:].rstrip("\n"))
-    flags = fields.get("flags", "")
-    return f"{fields.get('vendor_id', '')} | {fields.get('model name', '')} | {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+    vendor = fields.get("vendor_id", fields.get("CPU implementer", ""))  # x86, else arm64's fields
+    model = fields.get("model name", fields.get("CPU part", ""))
+    flags = fields.get("flags", fields.get("Features", ""))
+    return f"{vendor} | {model} | {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
 
 
 def add_common_args(ap, make_example):

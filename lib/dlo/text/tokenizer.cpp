@@ -871,7 +871,11 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
         d.scores.push_back(0.0);
       }
     } else {
-      d = read_tokenizer_json(json_path);  // its vocabulary already holds the extra ids
+      try {
+        d = read_tokenizer_json(json_path);  // its vocabulary already holds the extra ids
+      } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
+        DLO_CHECK(false, json_path, ": a field has the wrong type: ", e.what());
+      }
     }
 
     auto impl = std::make_unique<Impl>();
