@@ -53,11 +53,13 @@ at::Tensor ulysses_forward(const WanTransformer& m, const at::Tensor& x, const a
     const WanBlockWeights& w = m.block(b);
     // 1. q, k, v of each rank's rows; 2. all-to-all to head groups.
     std::vector<std::vector<at::Tensor>> q(P), k(P), v(P);  // [source][group]
+    std::vector<WanBlockModulation> mod;
     for (std::int64_t r = 0; r < P; ++r) {
-      const WanSelfAttnInputs in = wan_block_self_attn_inputs(w, state[r], h[r], c);
-      q[r] = ulysses_heads_for_each(in.q, heads.offset, heads.size);
-      k[r] = ulysses_heads_for_each(in.k, heads.offset, heads.size);
-      v[r] = ulysses_heads_for_each(in.v, heads.offset, heads.size);
+      mod.push_back(wan_block_modulation(w, state[r]));
+      const WanSelfAttnInputs in = wan_block_self_attn_inputs(w, state[r], mod[r], h[r], c);
+      q[r] = split_by(in.q, 2, heads);
+      k[r] = split_by(in.k, 2, heads);
+      v[r] = split_by(in.v, 2, heads);
     }
     std::vector<std::vector<at::Tensor>> back(P);  // [group][destination]
     for (std::int64_t g = 0; g < P; ++g) {
@@ -68,16 +70,15 @@ at::Tensor ulysses_forward(const WanTransformer& m, const at::Tensor& x, const a
         vg.push_back(v[r][g]);
       }
       // 3. attention on every token of group g's heads; all-to-all back to the rows' owners.
-      const at::Tensor o = wan_self_attention({ulysses_join_sequence(qg), ulysses_join_sequence(kg),
-                                               ulysses_join_sequence(vg)});
-      back[g] = ulysses_rows_for_each(o, tokens.offset, tokens.size);
+      const at::Tensor o = wan_self_attention({at::cat(qg, 1), at::cat(kg, 1), at::cat(vg, 1)});
+      back[g] = split_by(o, 1, tokens);
     }
     // 4. the rest of the block on each rank's rows.
     for (std::int64_t r = 0; r < P; ++r) {
       std::vector<at::Tensor> from;
       for (std::int64_t g = 0; g < P; ++g) from.push_back(back[g][r]);
       if (bug == Bug::kHeadsReversed) std::reverse(from.begin(), from.end());
-      h[r] = wan_block_finish(w, state[r], h[r], ulysses_join_heads(from), c);
+      h[r] = wan_block_finish(w, state[r], mod[r], h[r], at::cat(from, 2), c);
     }
   }
   full.h = at::cat(h, 1);  // the one gather before the output head

@@ -116,27 +116,25 @@ std::pair<at::Tensor, at::Tensor> rope_1d(std::int64_t dim, std::int64_t max_len
 
 }  // namespace
 
-namespace {
-
-// Modulation: tproj [B, 6, D] gives [B, 1, D] per term; per-token tproj [B, L, 6, D] (Wan2.2
-// TI2V's expanded timesteps) gives [B, L, D], as diffusers' block squeezes it.
-std::vector<at::Tensor> block_modulation(const WanBlockWeights& w, const WanForwardState& s) {
+WanBlockModulation wan_block_modulation(const WanBlockWeights& w, const WanForwardState& s) {
+  // tproj [B, 6, D] gives [B, 1, D] per term; per-token tproj [B, L, 6, D] (Wan2.2 TI2V's expanded
+  // timesteps) gives [B, L, D], as diffusers' block squeezes it.
   const at::Tensor table = as_dtype(w.scale_shift_table, at::kFloat);
-  std::vector<at::Tensor> mod = s.tproj.dim() == 4 ? (table.unsqueeze(0) + s.tproj.to(at::kFloat)).chunk(6, 2)
-                                                   : (table + s.tproj.to(at::kFloat)).chunk(6, 1);
-  if (s.tproj.dim() == 4)
-    for (auto& m : mod) m = m.squeeze(2);
-  return mod;  // shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate
+  const bool per_token = s.tproj.dim() == 4;
+  std::vector<at::Tensor> m = per_token ? (table.unsqueeze(0) + s.tproj.to(at::kFloat)).chunk(6, 2)
+                                        : (table + s.tproj.to(at::kFloat)).chunk(6, 1);
+  if (per_token)
+    for (auto& t : m) t = t.squeeze(2);
+  return {m[0], m[1], m[2], m[3], m[4], m[5]};
 }
 
-}  // namespace
-
-WanSelfAttnInputs wan_block_self_attn_inputs(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h,
+WanSelfAttnInputs wan_block_self_attn_inputs(const WanBlockWeights& w, const WanForwardState& s,
+                                             const WanBlockModulation& mod, const at::Tensor& h,
                                              const WanTransformerConfig& c) {
   const auto dt = h.scalar_type();
-  const auto mod = block_modulation(w, s);
   const at::Tensor none;
-  const at::Tensor n = (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + mod[1]) + mod[0]).to(dt);
+  const at::Tensor n =
+      (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + mod.scale_msa) + mod.shift_msa).to(dt);
   const auto D = c.dim();
   at::Tensor q = linear(n, w.q1_w, w.q1_b);
   at::Tensor k = linear(n, w.k1_w, w.k1_b);
@@ -154,12 +152,11 @@ at::Tensor wan_self_attention(const WanSelfAttnInputs& a) {
   return o.permute({0, 2, 1, 3});
 }
 
-at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h_in,
-                            const at::Tensor& attn, const WanTransformerConfig& c) {
+at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, const WanBlockModulation& mod,
+                            const at::Tensor& h_in, const at::Tensor& attn, const WanTransformerConfig& c) {
   at::Tensor h = h_in;
   const auto dt = h.scalar_type();
-  const auto mod = block_modulation(w, s);
-  const at::Tensor &gate_msa = mod[2], &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
+  const at::Tensor &gate_msa = mod.gate_msa, &c_shift = mod.c_shift, &c_scale = mod.c_scale, &c_gate = mod.c_gate;
   const at::Tensor none;
 
   // 1. (continued) Self-attention's output projection, gated residual in fp32.
@@ -180,7 +177,8 @@ at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, 
 
 at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h,
                              const WanTransformerConfig& c) {
-  return wan_block_finish(w, s, h, wan_self_attention(wan_block_self_attn_inputs(w, s, h, c)), c);
+  const WanBlockModulation mod = wan_block_modulation(w, s);  // once per block
+  return wan_block_finish(w, s, mod, h, wan_self_attention(wan_block_self_attn_inputs(w, s, mod, h, c)), c);
 }
 
 WanForwardState wan_state_rows(const WanForwardState& s, std::int64_t offset, std::int64_t length) {
@@ -195,23 +193,11 @@ WanForwardState wan_state_rows(const WanForwardState& s, std::int64_t offset, st
   return r;
 }
 
-std::vector<at::Tensor> ulysses_heads_for_each(const at::Tensor& x, const std::vector<std::int64_t>& head_offset,
-                                               const std::vector<std::int64_t>& head_count) {
+std::vector<at::Tensor> split_by(const at::Tensor& x, std::int64_t dim, const Partition& p) {
   std::vector<at::Tensor> out;
-  for (std::size_t g = 0; g < head_offset.size(); ++g) out.push_back(x.narrow(2, head_offset[g], head_count[g]));
+  for (std::int64_t r = 0; r < p.parts(); ++r) out.push_back(x.narrow(dim, p.offset[r], p.size[r]));
   return out;
 }
-
-at::Tensor ulysses_join_sequence(const std::vector<at::Tensor>& from_each) { return at::cat(from_each, 1); }
-
-std::vector<at::Tensor> ulysses_rows_for_each(const at::Tensor& x, const std::vector<std::int64_t>& row_offset,
-                                              const std::vector<std::int64_t>& row_count) {
-  std::vector<at::Tensor> out;
-  for (std::size_t r = 0; r < row_offset.size(); ++r) out.push_back(x.narrow(1, row_offset[r], row_count[r]));
-  return out;
-}
-
-at::Tensor ulysses_join_heads(const std::vector<at::Tensor>& from_each) { return at::cat(from_each, 2); }
 
 // ---------------------------------------------------------------------------------------------
 // Model

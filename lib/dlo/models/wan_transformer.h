@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dlo/common/partition.h"
 #include "dlo/config/wan_transformer_config.h"
 #include "dlo/io/dtype.h"
 #include "dlo/models/weights.h"
@@ -65,42 +66,43 @@ at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s,
 
 // ---- The sequence-parallel seam (Ulysses) ----------------------------------------------------
 // Self-attention is the block's only operation across tokens. A group of P ranks that each hold a
-// contiguous shard of the tokens (rows of h, of the RoPE tables at their global positions, and of
-// per-token timesteps) runs a block as:
+// contiguous shard of the tokens (wan_state_rows: rows of h, of the RoPE tables at their global
+// positions, and of per-token timesteps) runs a block as:
 //   1. wan_block_self_attn_inputs on its rows: q, k, v [B, s_r, H, d] (RMSNorm over all heads of
 //      a token, so before any exchange, then RoPE);
-//   2. all-to-all, sequence-split to head-split (ulysses_heads_for_each, then
-//      ulysses_join_sequence of what arrives): [B, S, H_g, d], every token, its head group g;
-//   3. wan_self_attention on that; all-to-all back (ulysses_rows_for_each, ulysses_join_heads);
+//   2. all-to-all, sequence-split to head-split: rank r sends group g split_by(q, 2, heads)[g];
+//      group g joins what arrives with at::cat(..., 1): [B, S, H_g, d], every token;
+//   3. wan_self_attention on that; all-to-all back: split_by(o, 1, tokens)[r] to rank r, which
+//      joins the groups' parts with at::cat(..., 2);
 //   4. wan_block_finish on its rows: o-proj, gated residual, cross-attention on the whole text,
 //      FFN.
 // wan_block_forward is exactly 1, 3 and 4 with P = 1, so a group's result is the one-rank result
 // wherever this build's kernels give the same rows on row subsets and the same heads on head
-// subsets (tests/models: the probe).
+// subsets (tests/models/test_sequence_parallel.cpp: the probe).
+struct WanBlockModulation {
+  at::Tensor shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate;  // fp32, [B, 1, D] or [B, L, D]
+};
+// The block's scale_shift_table plus the timestep projection, computed once per block.
+WanBlockModulation wan_block_modulation(const WanBlockWeights& w, const WanForwardState& s);
 struct WanSelfAttnInputs {
   at::Tensor q, k, v;  // [B, L, H, d] in the compute dtype
 };
-WanSelfAttnInputs wan_block_self_attn_inputs(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h,
+WanSelfAttnInputs wan_block_self_attn_inputs(const WanBlockWeights& w, const WanForwardState& s,
+                                             const WanBlockModulation& mod, const at::Tensor& h,
                                              const WanTransformerConfig& c);
 // SDPA over the tokens of q, k, v [B, L, H_g, d]: [B, L, H_g, d].
 at::Tensor wan_self_attention(const WanSelfAttnInputs& qkv);
 // The rest of the block from the self-attention output `attn` [B, L, H, d] of the rows of h.
-at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, const at::Tensor& h,
-                            const at::Tensor& attn, const WanTransformerConfig& c);
+at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, const WanBlockModulation& mod,
+                            const at::Tensor& h, const at::Tensor& attn, const WanTransformerConfig& c);
 
 // The rows [offset, offset + length) of a forward state: hidden tokens, RoPE rows at their global
 // positions, per-token temb/tproj rows (per-sample ones are shared); context and the grid are the
 // full ones (end() needs every row: gather first). Views, no copies.
 WanForwardState wan_state_rows(const WanForwardState& s, std::int64_t offset, std::int64_t length);
 
-// Ulysses' all-to-all as data. Before attention, rank r sends destination g the heads of group g
-// of its rows; after, rank g sends destination r the rows of shard r of its head group.
-std::vector<at::Tensor> ulysses_heads_for_each(const at::Tensor& x, const std::vector<std::int64_t>& head_offset,
-                                               const std::vector<std::int64_t>& head_count);  // x [B, s_r, H, d]
-at::Tensor ulysses_join_sequence(const std::vector<at::Tensor>& from_each);  // [B, s_j, H_g, d] in rank order
-std::vector<at::Tensor> ulysses_rows_for_each(const at::Tensor& x, const std::vector<std::int64_t>& row_offset,
-                                              const std::vector<std::int64_t>& row_count);  // x [B, S, H_g, d]
-at::Tensor ulysses_join_heads(const std::vector<at::Tensor>& from_each);  // [B, s_r, H_g, d] in group order
+// The parts of x along `dim`, one per part of `p` (views): Ulysses' send buffers.
+std::vector<at::Tensor> split_by(const at::Tensor& x, std::int64_t dim, const Partition& p);
 
 class WanTransformer {
  public:

@@ -532,6 +532,18 @@ std::string base64_decode(const std::string& in, const std::string& where) {
   return out;
 }
 
+// `path` parsed; dlo::Error naming it unless it is a JSON object.
+nlohmann::json read_json_object(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    DLO_CHECK(false, path, ": not valid JSON: ", e.what());
+  }
+  DLO_CHECK(j.is_object(), path, ": not a JSON object");
+  return j;
+}
+
 // The parts of a T5 tokenizer, from spiece.model or from tokenizer.json.
 struct TokenizerData {
   std::string charsmap_blob;                            // empty: no normaliser
@@ -550,16 +562,12 @@ const nlohmann::json& json_field(const nlohmann::json& j, const char* key, const
 // serialisation of T5TokenizerFast): model Unigram (unk_id 2, no byte fallback), normaliser
 // Precompiled (alone or as the only member of a Sequence) or none, pre-tokeniser
 // Sequence[WhitespaceSplit, Metaspace("\u2581", prepend_scheme "always", split)], post-processor
-// "$A </s>", added tokens matched on the raw text. Anything else is refused by name: encoding it
-// as this pipeline does would silently differ from transformers.
+// "$A </s>", added tokens matched on the raw text. Anything else is refused by name rather than
+// guessed at. (For a T5Tokenizer, transformers 5 takes only the vocabulary, the charsmap and the
+// added tokens from the file and rebuilds the rest, so it also accepts transformers 4's
+// Sequence[Precompiled, Strip, Replace] files, which dlo refuses for now.)
 TokenizerData read_tokenizer_json(const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    DLO_CHECK(false, path, ": not valid JSON: ", e.what());
-  }
-  DLO_CHECK(j.is_object(), path, ": not a JSON object");
+  const nlohmann::json j = read_json_object(path);
   TokenizerData d;
   d.source = path;
 
@@ -821,13 +829,7 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
     for (const char* name : {"special_tokens_map.json", "tokenizer_config.json"}) {
       const std::string path = (fs::path(dir) / name).string();
       if (!fs::exists(path)) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(read_file(path));
-      } catch (const nlohmann::json::exception& e) {
-        DLO_CHECK(false, path, ": not valid JSON: ", e.what());
-      }
-      DLO_CHECK(j.is_object(), path, ": not a JSON object");
+      const nlohmann::json j = read_json_object(path);
       if (j.contains("extra_ids") && !j["extra_ids"].is_null()) {
         DLO_CHECK(j["extra_ids"].is_number_integer() && j["extra_ids"].get<std::int64_t>() >= 0, path,
                   ": field 'extra_ids' must be a non-negative integer, got ", j["extra_ids"].dump());
