@@ -41,7 +41,7 @@ MUTANTS=$(cat <<'EOF'
 4|lib/dlo/offload/engine.cpp|layerwise: host copy of a block rounded down to 256 bytes|"total += sharded ? shard : align_up(bytes, kShardAlign);"|"total += sharded ? shard : bytes / kShardAlign * kShardAlign;"
 5|lib/dlo/models/wan_transformer.cpp|RoPE: positions counted from 1 instead of 0|"freqs = at::outer(at::arange(max_len, f64), freqs);"|"freqs = at::outer(at::arange(1, max_len + 1, f64), freqs);"
 6|lib/dlo/models/wan_transformer.cpp|RoPE: sign of the rotation's second component|"copy_(x1 * s + x2 * c);"|"copy_(x2 * c - x1 * s);"
-7|lib/dlo/models/wan_transformer.cpp|block: feed-forward shift and scale swapped|"&c_shift = mod[3], &c_scale = mod[4]"|"&c_shift = mod[4], &c_scale = mod[3]"
+7|lib/dlo/models/wan_transformer.cpp|block: feed-forward shift and scale swapped|"return {m[0], m[1], m[2], m[3], m[4], m[5]};"|"return {m[0], m[1], m[2], m[4], m[3], m[5]};"
 8|lib/dlo/models/umt5.cpp|UMT5 relative position bucket: distance 0 counted as positive|"(relative_position > 0).to(at::kLong) * num_buckets;"|"(relative_position >= 0).to(at::kLong) * num_buckets;"
 9|lib/dlo/models/wan_vae.cpp|VAE causal cache: a 1-frame chunk keeps the cache's first frame, not its last|"if (cache_x.size(2) < 2 && cache.frames.defined())\n    cache_x = at::cat({cache.frames.select(2, -1)"|"if (cache_x.size(2) < 2 && cache.frames.defined())\n    cache_x = at::cat({cache.frames.select(2, 0)"
 10|lib/dlo/models/wan_vae.cpp|VAE temporal upsampler: no zero frame in the cache after the first chunk (Rep; equivalent: the conv pads that zero frame itself)|"if (cache_x.size(2) < 2 && cache.rep) cache_x = at::cat({at::zeros_like(cache_x), cache_x}, 2);"|""
