@@ -48,7 +48,7 @@ MUTANTS=$(cat <<'EOF'
 11|lib/dlo/io/safetensors.cpp|safetensors: end offset checked against the file size, not the data section|"DLO_CHECK(end <= data_size, where,"|"DLO_CHECK(end <= data_start + data_size, where,"
 12|lib/dlo/io/safetensors.cpp|safetensors: header length off by one|"DLO_CHECK(n <= size - 8, \"header length \""|"DLO_CHECK(n <= size - 7, \"header length \""
 13|lib/dlo/models/wan_vae.cpp|VAE temporal upsampler: the two new frames of each input frame interleaved in the wrong order|"x = at::stack({x.select(1, 0), x.select(1, 1)}, 3);"|"x = at::stack({x.select(1, 1), x.select(1, 0)}, 3);"
-14|lib/dlo/render/stages.cpp|guidance combined on the wrong base (cond + g (cond - uncond))|"noise = out[1] + job.guidance * (out[0] - out[1]);"|"noise = out[0] + job.guidance * (out[0] - out[1]);"
+14|lib/dlo/render/stages.cpp|guidance combined on the wrong base (cond + g (cond - uncond))|"noise = out[1] + guidance * (out[0] - out[1]);"|"noise = out[0] + guidance * (out[0] - out[1]);"
 15|lib/dlo/render/stages.cpp|the transformer given another step's timestep (always the first step's)|"run.scheduler->timesteps()[i].to(x.device())"|"run.scheduler->timesteps()[0].to(x.device())"
 16|lib/dlo/render/stages.cpp|the negative branch's context encoded from the positive prompt|"run.negative_context = text.encode(job.negative_prompt)"|"run.negative_context = text.encode(job.prompt)"
 17|lib/dlo/pipeline/batch_plan.cpp|resume skips a job recorded ok whatever became of its output (gone, emptied, cut)|"if (ok_here && output_intact(j.output, it->second.output_bytes)) {"|"if (ok_here) {"

@@ -123,8 +123,10 @@ int make(int argc, char** argv) {
       "rope-max-seq-len", "RoPE table length", cxxopts::value<std::int64_t>())(
       "dtype", "bf16, fp16 or fp32", cxxopts::value<std::string>()->default_value("bf16"))(
       "seed", "random seed", cxxopts::value<std::uint64_t>()->default_value("0"))(
+      "boundary-ratio", "with transformer_2: model_index.json's boundary_ratio (default 0.875)", cxxopts::value<double>())(
       "shard-size", "max bytes per shard (0: one file)", cxxopts::value<std::string>()->default_value("10GB"))(
-      "components", "comma-separated components (transformer, scheduler, vae, text_encoder, tokenizer)",
+      "components", "comma-separated components (transformer, transformer_2, scheduler, vae, text_encoder, tokenizer; a "
+      "wan2.2 A14B preset adds transformer_2)",
       cxxopts::value<std::string>()->default_value("transformer,scheduler,vae,text_encoder,tokenizer"))(
       "vae-preset", "VAE shape: " + vae_presets, cxxopts::value<std::string>()->default_value("wan2.1-vae-small"))(
       "vae-base-dim", "VAE base_dim (channels of the last decoder stage)", cxxopts::value<std::int64_t>())(
@@ -195,6 +197,12 @@ int make(int argc, char** argv) {
   o.seed = args["seed"].as<std::uint64_t>();
   o.shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");
   o.components = split_commas(args["components"].as<std::string>());
+  // A two-expert preset (Wan2.2 A14B) writes the low-noise expert beside the transformer.
+  const bool two_experts = dlo::WanTransformerConfig::preset_has_two_experts(args["preset"].as<std::string>());
+  if (two_experts && std::find(o.components.begin(), o.components.end(), "transformer") != o.components.end() &&
+      std::find(o.components.begin(), o.components.end(), "transformer_2") == o.components.end())
+    o.components.push_back("transformer_2");
+  if (args.count("boundary-ratio")) o.boundary_ratio = args["boundary-ratio"].as<double>();
   // The parts must fit together: WanPipeline runs the transformer on the VAE's latents, so its
   // in/out channels follow the VAE's z_dim unless given, and given ones must agree.
   auto has = [&](const char* comp) {

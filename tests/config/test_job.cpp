@@ -244,8 +244,8 @@ TEST_CASE("the parameters recorded with a video are the fields marked so, with t
   std::vector<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.push_back(k);
   std::vector<std::string> want;  // in the table's order, then the model and dlo's version
-  for (const auto& f : dlo::job_fields())
-    if (f.in_parameters) want.push_back(f.key);
+  for (const auto& f : dlo::job_fields())  // (a one-expert model: no guidance_2, no boundary_ratio)
+    if (f.in_parameters && f.key != "guidance_2" && f.key != "boundary_ratio") want.push_back(f.key);
   want.push_back("model");
   want.push_back("dlo_version");
   CHECK(keys == want);
@@ -253,6 +253,64 @@ TEST_CASE("the parameters recorded with a video are the fields marked so, with t
   CHECK(j["scheduler"] == "unipc");
   CHECK(j["flow_shift"] == 3.0);
   CHECK(j["model"] == "m");
+}
+
+TEST_CASE("two experts (Wan2.2 A14B): guidance_2 and boundary_ratio, their effective values, refused for one expert") {
+  const dlo::ModelInfo one = tiny_model();
+  dlo::ModelInfo two = tiny_model();
+  two.transformer_2 = two.transformer;
+  two.boundary_ratio = 0.875;
+  dlo::JobSpec job;
+  job.format = "mp4";
+  job.guidance = 4.0;
+  // A Wan2.1 job's fingerprint fields are what they were before the two-expert fields existed.
+  const auto fields = nlohmann::ordered_json::parse(dlo::job_output_fields_json(job, one));
+  CHECK(!fields.contains("guidance_2"));
+  CHECK(!fields.contains("boundary_ratio"));
+  // With two experts: guidance_2 defaults to guidance, the boundary to the folder's, as in WanPipeline.
+  auto params = nlohmann::ordered_json::parse(dlo::job_parameters_json(job, two));
+  CHECK(params["guidance_2"] == 4.0);
+  CHECK(params["boundary_ratio"] == 0.875);
+  dlo::JobSpec same = job;
+  same.guidance_2 = 4.0;
+  same.boundary_ratio = 0.875;
+  CHECK(dlo::job_output_fields_json(same, two) == dlo::job_output_fields_json(job, two));
+  dlo::JobSpec other = job;
+  other.guidance_2 = 3.0;
+  CHECK(dlo::job_output_fields_json(other, two) != dlo::job_output_fields_json(job, two));
+  // Without guidance the scale decides nothing.
+  dlo::JobSpec off = job;
+  off.guidance = 1.0;
+  dlo::JobSpec off2 = off;
+  off2.guidance_2 = 0.5;
+  CHECK(dlo::job_output_fields_json(off, two) == dlo::job_output_fields_json(off2, two));
+  CHECK(dlo::job_parameters_text(other, two).find("guidance 4 (low-noise expert 3; experts switch at boundary ratio 0.875)") !=
+        std::string::npos);
+  // Validation: the fields need two experts; guidance_2 > 1 needs guidance > 1; ratios in [0, 1].
+  const auto problems = [](const dlo::JobSpec& j, const dlo::ModelInfo& m) {
+    std::string out;
+    for (const auto& e : dlo::validate_job(j, m, kVideoFormats)) out += e.field + ": " + e.message + "\n";
+    return out;
+  };
+  dlo::JobSpec both = job;
+  both.output = "a.mp4";
+  both.height = both.width = 32;
+  both.frames = 5;
+  both.guidance_2 = 3.0;
+  both.boundary_ratio = 0.5;
+  CHECK(problems(both, two) == "");
+  const std::string refused = problems(both, one);
+  CHECK(refused.find("guidance_2: applies to models with two experts") != std::string::npos);
+  CHECK(refused.find("boundary_ratio: applies to models with two experts") != std::string::npos);
+  dlo::JobSpec useless = both;
+  useless.guidance = 1.0;
+  const auto e = dlo::validate_job(useless, two, kVideoFormats);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].field == "guidance_2");
+  CHECK(e[0].with_job);
+  CHECK(e[0].message.find("3 has no effect with guidance 1") == 0);
+  CHECK(problem_of("boundary_ratio", "1.5") == "must be a number in [0, 1], got 1.5");
+  CHECK(problem_of("boundary_ratio", "0") == "(parsed)");
 }
 
 TEST_CASE("a model folder's dlo_defaults.json: the settings it was made for, typed and checked by the table") {

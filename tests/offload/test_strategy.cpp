@@ -164,3 +164,40 @@ TEST_CASE("agreed budget: a device budget makes the CPU a device of that size; t
   CHECK(b.device_is_host);
   CHECK(b.device == 0);
 }
+
+TEST_CASE("two experts: joined stacks count both experts' blocks and two slots per expert; mixed splits over them") {
+  const StackSize joined = join_stacks({blocks(5, 100, 2), blocks(5, 100, 2)});
+  CHECK(joined.stacks() == 2);
+  CHECK(joined.total() == 1000 * MB);
+  CHECK(joined.shards_total() == 500 * MB);
+  CHECK(joined.slots_total() == 400 * MB);  // 2 slots of 100 MB per expert
+  CHECK(blocks(10, 100, 2).slots_total() == 200 * MB);
+  // By hand, 500 MB device, 10 MB working, 10% margin (need <= 454.5 MB): one stack of 10 blocks
+  // fits 2 slots + 4 shards (200 + 10 + 200); two experts' 4 slots + 10 leave no room for a 50 MB
+  // shard (460): host shards.
+  const MemoryBudget b = device_budget(500 * MB, 4000 * MB);
+  CHECK(choose_strategy("auto", blocks(10, 100, 2), 10 * MB, b).device_blocks == 4);
+  const StrategyChoice c = choose_strategy("auto", joined, 10 * MB, b);
+  CHECK((c.strategy == Strategy::kDlo));
+  CHECK_THROWS_WITH_AS(choose_strategy("auto", joined, 10 * MB, device_budget(350 * MB, 4000 * MB)),
+                       doctest::Contains("cannot hold even 4 block slots (2 per expert)"), Error);
+  // Mixed's device blocks count from the first expert's block 0.
+  StrategyChoice m{Strategy::kMixed, 7, "test"};
+  auto per = split_choice(m, joined);
+  REQUIRE(per.size() == 2);
+  CHECK((per[0].strategy == Strategy::kDeviceShards));
+  CHECK(per[0].device_blocks == 5);
+  CHECK((per[1].strategy == Strategy::kMixed));
+  CHECK(per[1].device_blocks == 2);
+  m.device_blocks = 3;
+  per = split_choice(m, joined);
+  CHECK((per[0].strategy == Strategy::kMixed));
+  CHECK(per[0].device_blocks == 3);
+  CHECK((per[1].strategy == Strategy::kDlo));
+  per = split_choice({Strategy::kDeviceShards, 10, "test"}, joined);
+  CHECK(per[0].device_blocks == 5);
+  CHECK(per[1].device_blocks == 5);
+  per = split_choice({Strategy::kDlo, 0, "test"}, joined);
+  CHECK((per[0].strategy == Strategy::kDlo && per[1].strategy == Strategy::kDlo));
+  CHECK(split_choice(m, blocks(10, 100, 2)).size() == 1);
+}

@@ -42,8 +42,8 @@ check "--scheduler" --scheduler ddim
 check "--flow-shift: must be a positive number" --flow-shift -2
 check "model folder '$T/nope': not a folder" --model "$T/nope"
 check "lacks vae/, text_encoder/, tokenizer/" --model "$T/partial"
-# Wan2.2 folders (model_index.json as diffusers writes them) are refused by name, not rendered
-# with transformer/ alone.
+# model_index.json's Wan2.2 fields (as diffusers writes them) that do not fit together, or that
+# this build does not run, are refused by name, not rendered with transformer/ alone.
 index_variant() {  # index_variant NAME 'python dict update'
   mkdir "$T/$1"
   for part in transformer vae text_encoder tokenizer scheduler; do ln -s "$T/m/$part" "$T/$1/$part"; done
@@ -51,9 +51,15 @@ index_variant() {  # index_variant NAME 'python dict update'
     "$T/m/model_index.json" "$T/$1/model_index.json"
 }
 index_variant a14b '{"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 0.875}'
-check "model_index.json: field 'transformer_2' is [\"diffusers\",\"WanTransformer3DModel\"]: a second expert" --model "$T/a14b"
+check "model_index.json names transformer_2 (the low-noise expert) but the folder has no transformer_2/" --model "$T/a14b"
+index_variant noratio '{"transformer_2": ["diffusers", "WanTransformer3DModel"]}'
+check "model_index.json: field 'transformer_2' is [\"diffusers\",\"WanTransformer3DModel\"] but 'boundary_ratio' is null" --model "$T/noratio"
 index_variant ratio '{"transformer_2": [None, None], "boundary_ratio": 0.9}'
-check "model_index.json: field 'boundary_ratio' is 0.9" --model "$T/ratio"
+check "model_index.json: field 'boundary_ratio' is 0.9 but there is no 'transformer_2'" --model "$T/ratio"
+index_variant badratio '{"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 1.5}'
+check "model_index.json: field 'boundary_ratio' is 1.5: expected a number in [0, 1]" --model "$T/badratio"
+check "--guidance-2: applies to models with two experts" --guidance-2 3
+check "--boundary-ratio: applies to models with two experts" --boundary-ratio 0.5
 index_variant ti2v '{"expand_timesteps": True}'
 check "model_index.json: field 'expand_timesteps' is true (Wan2.2 TI2V-5B" --model "$T/ti2v"
 index_variant i2v '{"_class_name": "WanImageToVideoPipeline"}'

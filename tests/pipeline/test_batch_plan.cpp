@@ -188,6 +188,16 @@ TEST_CASE("the model's identity: what the folder holds, not where it is; new wei
   // A writer's hidden temporary is not part of the model.
   dlo::test::write_file(d.file("m1") + "/transformer/.x.tmp-host-1-0", "partial");
   CHECK(dlo::model_identity(d.file("m1")) == id1);
+  // A second expert (Wan2.2 A14B) is part of the model: its weights change the identity.
+  std::filesystem::create_directories(d.file("m1") + "/transformer_2");
+  dlo::test::write_file(d.file("m1") + "/transformer_2/diffusion_pytorch_model.safetensors",
+                        dlo::test::safetensors_bytes(header, 4096));
+  const std::string id2 = dlo::model_identity(d.file("m1"));
+  CHECK(id2 != id1);
+  bytes = read(d.file("m1") + "/transformer_2/diffusion_pytorch_model.safetensors");
+  bytes[bytes.size() - 10] = 'x';
+  dlo::test::write_file(d.file("m1") + "/transformer_2/diffusion_pytorch_model.safetensors", bytes);
+  CHECK(dlo::model_identity(d.file("m1")) != id2);
 }
 
 TEST_CASE("plan_batch: fingerprints, resume by manifest index, the same plan from another folder or an absolute path") {

@@ -30,12 +30,16 @@ struct Sim {
   std::vector<int> taken_by;           // per job: the rank it was given to
   std::vector<std::int64_t> computed;  // per job: steps computed
   std::set<std::int64_t> fail_in_prepare;  // jobs whose preparation fails
-  std::int64_t passes = 0, traversals = 0;
+  // Two experts: per job, its steps on expert 0 (the rest on expert 1); empty: one expert.
+  std::vector<std::int64_t> high_steps;
+  std::vector<std::vector<std::int64_t>> computed_on;  // per job, per expert: steps computed there
+  std::int64_t passes = 0, traversals = 0, both_experts = 0;
 
   Sim(std::vector<std::int64_t> s, int n) : steps(std::move(s)), ranks(static_cast<std::size_t>(n)) {
     for (int r = 0; r < n; ++r) schedulers.emplace_back(steps, n);
     taken_by.assign(steps.size(), -1);
     computed.assign(steps.size(), 0);
+    computed_on.assign(steps.size(), std::vector<std::int64_t>(dlo::kMaxExperts, 0));
     std::vector<std::vector<dlo::JobAssignment>> all;
     for (auto& s2 : schedulers) all.push_back(s2.initial_assignments());
     for (const auto& a : all[0]) give(a);
@@ -75,6 +79,7 @@ struct Sim {
       rep.current = k.current;
       rep.steps_done = k.steps_done;
       rep.next = k.next;
+      rep.expert = expert_of(k);
       // Through the exchange's wire format.
       std::int64_t words[RankReport::kWords];
       rep.encode(words);
@@ -90,6 +95,7 @@ struct Sim {
       CHECK(d.collect_results == ds[0].collect_results);
       CHECK(d.assignments.size() == ds[0].assignments.size());
       CHECK(d.rank_job == ds[0].rank_job);
+      CHECK(d.experts == ds[0].experts);
     }
     const PassDecision& d = ds[0];
     if (d.collect_results)
@@ -98,16 +104,28 @@ struct Sim {
     for (const auto& a : d.assignments) give(a);
     if (d.finished || !d.traverse) return d;
     ++traversals;
+    both_experts += d.experts == 3u;
+    unsigned needed = 0;
     for (auto& k : ranks) {
       if (k.current < 0) continue;
+      const int e = expert_of(k);
+      needed |= 1u << e;
+      CHECK((d.experts & (1u << e)) != 0);  // the pass streams the expert this step needs
+      ++computed_on[static_cast<std::size_t>(k.current)][static_cast<std::size_t>(e)];
       ++computed[static_cast<std::size_t>(k.current)];
       if (++k.steps_done == steps[static_cast<std::size_t>(k.current)]) {
         k.current = -1;
         ++k.pending;  // decoded behind, its result reported
       }
     }
+    CHECK(d.experts == needed);  // and no expert that no rank needs
     ++passes;
     return d;
+  }
+
+  int expert_of(const Rank& k) const {
+    if (high_steps.empty() || k.current < 0) return 0;
+    return k.steps_done < high_steps[static_cast<std::size_t>(k.current)] ? 0 : 1;
   }
 
   // Until the batch is finished (bounded).
@@ -269,4 +287,25 @@ TEST_CASE("a report survives the exchange's integers") {
   CHECK(b.current == 7);
   CHECK(b.steps_done == 12);
   CHECK(b.next == 9);
+}
+
+TEST_CASE("two experts: each pass streams exactly the experts its ranks' steps need; ranks on different experts meet") {
+  // Jobs of 6, 3, 4 and 5 steps whose first 2, 1, 3 and 5 steps run expert 0 (different
+  // boundaries and step counts): at 2 ranks some passes need both experts.
+  Sim sim({6, 3, 4, 5}, 2);
+  sim.high_steps = {2, 1, 3, 5};
+  sim.run();
+  for (std::size_t j = 0; j < sim.steps.size(); ++j) {
+    CAPTURE(j);
+    CHECK(sim.computed_on[j][0] == sim.high_steps[j]);  // every step once, on its own expert
+    CHECK(sim.computed_on[j][1] == sim.steps[j] - sim.high_steps[j]);
+  }
+  CHECK(sim.both_experts >= 1);
+  CHECK(sim.schedulers[0].passes_streaming_all_experts() == sim.both_experts);
+  CHECK(sim.schedulers[1].passes_streaming_all_experts() == sim.both_experts);
+  // One expert: every pass streams expert 0 alone.
+  Sim one({3, 3, 3}, 2);
+  one.run();
+  CHECK(one.both_experts == 0);
+  CHECK(one.schedulers[0].passes_streaming_all_experts() == 0);
 }

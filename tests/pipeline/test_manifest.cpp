@@ -546,7 +546,10 @@ TEST_CASE("precedence for every field the table lets all three set: the job's va
         break;
       case dlo::JobFieldType::kSeed:
       case dlo::JobFieldType::kInteger: v = {"17", "18", "19"}; break;
-      case dlo::JobFieldType::kNumber: v = {"1.25", "2.5", "3.75"}; break;
+      case dlo::JobFieldType::kNumber:
+        v = f.key == "boundary_ratio" ? std::vector<std::string>{"0.25", "0.5", "0.75"}  // a share, in [0, 1]
+                                      : std::vector<std::string>{"1.25", "2.5", "3.75"};
+        break;
     }
     const bool text = f.type == dlo::JobFieldType::kText;
     const auto yaml = [&](const std::string& s) { return text ? "\"" + s + "\"" : s; };

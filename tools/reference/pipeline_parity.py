@@ -11,7 +11,9 @@ every case of --cases:
 
 fp32 cases must be identical (exit 1 otherwise); bf16 cases report the share of equal bytes and
 the largest difference and fail only above --bf16-max-diff. --ranks N runs dlo-generate under
-`mpirun -np N` (the video must not depend on it).
+`mpirun -np N` (the video must not depend on it). --two-experts makes a Wan2.2 A14B-shaped folder
+(transformer/ and transformer_2/, boundary_ratio in model_index.json) and passes --guidance-2 /
+--boundary-ratio to both sides (guidance_scale_2; the pipeline's boundary_ratio).
 
   pipeline_parity.py --bin build/bin --cases fp32-unipc-cfg,fp32-euler-nocfg
 """
@@ -33,8 +35,9 @@ PROMPT = "A fox walks through fresh snow at dawn, cinematic, 4k"
 NEGATIVE = "blurry, low quality, static"
 
 
-def make_model(bin_dir, out, seed, make_args):
-    cmd = [os.path.join(bin_dir, "dlo-checkpoint"), "make", out, "--preset", "wan-test", "--layers", "2",
+def make_model(bin_dir, out, seed, make_args, two_experts=False):
+    preset = "wan2.2-a14b-test" if two_experts else "wan-test"
+    cmd = [os.path.join(bin_dir, "dlo-checkpoint"), "make", out, "--preset", preset, "--layers", "2",
            "--in-channels", "16", "--out-channels", "16", "--dtype", "fp32", "--seed", str(seed)]
     subprocess.run(cmd + make_args.split(), check=True, stdout=subprocess.DEVNULL)
 
@@ -50,10 +53,22 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args):
     else:
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=flow_shift)
     pipe.set_progress_bar_config(disable=True)
+    extra = {}
+    if pipe.config.boundary_ratio is not None:
+        assert pipe.transformer_2 is not None, "boundary_ratio without transformer_2"
+        if args.boundary_ratio is not None:
+            pipe.register_to_config(boundary_ratio=args.boundary_ratio)
+        if args.guidance_2 is not None and guidance > 1:
+            extra["guidance_scale_2"] = args.guidance_2
+        pipe.scheduler.set_timesteps(args.steps)
+        boundary = pipe.config.boundary_ratio * pipe.scheduler.config.num_train_timesteps
+        experts = ["transformer" if t >= boundary else "transformer_2" for t in pipe.scheduler.timesteps]
+        print(f"  diffusers: timesteps {[round(float(t), 1) for t in pipe.scheduler.timesteps]}, boundary {boundary}: "
+              f"{experts.count('transformer')} step(s) with transformer, {experts.count('transformer_2')} with transformer_2")
     t0 = time.perf_counter()
     video = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=args.height, width=args.width,
                  num_frames=args.frames, num_inference_steps=args.steps, guidance_scale=guidance,
-                 generator=torch.Generator("cpu").manual_seed(args.seed), output_type="np").frames[0]
+                 generator=torch.Generator("cpu").manual_seed(args.seed), output_type="np", **extra).frames[0]
     seconds = time.perf_counter() - t0
     return np.stack([(frame * 255).astype(np.uint8) for frame in video]), seconds
 
@@ -65,6 +80,10 @@ def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
            "--height", str(args.height), "--width", str(args.width), "--frames", str(args.frames),
            "--scheduler", scheduler, "--flow-shift", str(flow_shift), "--dtype", dtype, "--threads",
            str(args.threads), "--format", "png", "--out", out, "--offload", args.offload, "--quiet"]
+    if args.guidance_2 is not None and guidance > 1:  # dlo refuses a guidance_2 that would do nothing
+        cmd += ["--guidance-2", str(args.guidance_2)]
+    if args.boundary_ratio is not None:
+        cmd += ["--boundary-ratio", str(args.boundary_ratio)]
     if args.ranks > 1:
         cmd = ["mpirun", "-np", str(args.ranks)] + cmd
     t0 = time.perf_counter()
@@ -91,6 +110,9 @@ def main():
     ap.add_argument("--flow-shift", type=float, default=3.0)
     ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--two-experts", action="store_true", help="make a two-expert (Wan2.2 A14B-shaped) folder")
+    ap.add_argument("--guidance-2", type=float, help="the low-noise expert's guidance (two experts)")
+    ap.add_argument("--boundary-ratio", type=float, help="the experts' boundary (two experts; default the folder's)")
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--offload", default="auto", help="dlo-generate --offload")
     ap.add_argument("--bf16-max-diff", type=int, default=255, help="largest allowed byte difference in bf16 cases")
@@ -103,7 +125,7 @@ def main():
         model = args.model
         if model is None:
             model = os.path.join(tmp, "model")
-            make_model(args.bin, model, args.seed, args.make_args)
+            make_model(args.bin, model, args.seed, args.make_args, args.two_experts)
         if args.resave:
             from diffusers import WanPipeline
             saved = os.path.join(tmp, "saved")

@@ -128,6 +128,30 @@ std::vector<JobField> make_table() {
        "finite", {}, false, [](const JobSpec& j) { return std::optional<JobFieldValue>(j.guidance); },
        [](JobSpec& j, const JobFieldValue& v) { j.guidance = std::get<double>(v); },
        number_check([](double v) -> std::string { return std::isfinite(v) ? "" : "must be a finite number"; }), {}});
+  add({"guidance_2", "guidance-2", JobFieldType::kNumber, JobFieldEffect::kFrames, kAllModel, true,
+       "guidance scale of the low-noise expert (Wan2.2 A14B; guidance > 1 turns guidance on for both)",
+       "`guidance` (models with two experts only)", "finite; only for a model with transformer_2", {}, false,
+       [](const JobSpec& j) { return j.guidance_2 ? std::optional<JobFieldValue>(*j.guidance_2) : std::nullopt; },
+       [](JobSpec& j, const JobFieldValue& v) { j.guidance_2 = std::get<double>(v); },
+       number_check([](double v) -> std::string { return std::isfinite(v) ? "" : "must be a finite number"; }),
+       [](const JobSpec& j, const ModelInfo& m) -> std::optional<JobFieldValue> {
+         if (!m.two_experts()) return j.guidance_2 ? std::optional<JobFieldValue>(*j.guidance_2) : std::nullopt;
+         if (!j.guided()) return std::nullopt;  // no guidance: the scale decides nothing
+         return j.guidance_2.value_or(j.guidance);
+       }});
+  add({"boundary_ratio", "boundary-ratio", JobFieldType::kNumber, JobFieldEffect::kFrames, kAllModel, true,
+       "steps with timestep >= boundary_ratio x num_train_timesteps run transformer/, the rest transformer_2/ "
+       "(Wan2.2 A14B)",
+       "the model folder's (0.875 for T2V-A14B)", "in [0, 1]; only for a model with transformer_2", {}, false,
+       [](const JobSpec& j) { return j.boundary_ratio ? std::optional<JobFieldValue>(*j.boundary_ratio) : std::nullopt; },
+       [](JobSpec& j, const JobFieldValue& v) { j.boundary_ratio = std::get<double>(v); },
+       number_check([](double v) -> std::string {
+         return std::isfinite(v) && v >= 0 && v <= 1 ? "" : str("must be a number in [0, 1], got ", number(v));
+       }),
+       [](const JobSpec& j, const ModelInfo& m) -> std::optional<JobFieldValue> {
+         if (!m.two_experts()) return j.boundary_ratio ? std::optional<JobFieldValue>(*j.boundary_ratio) : std::nullopt;
+         return j.boundary_ratio.value_or(m.boundary_ratio.value_or(0));
+       }});
   for (const char* side : {"height", "width"}) {
     auto [get, set] = integer(side[0] == 'h' ? &JobSpec::height : &JobSpec::width);
     add({side, side, JobFieldType::kInteger, JobFieldEffect::kFrames, kAllModel, true,
@@ -415,6 +439,18 @@ std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, 
       continue;
     }
     // What the model adds.
+    if ((f.key == "guidance_2" || f.key == "boundary_ratio") && !info.two_experts()) {
+      e.push_back({f.key, "applies to models with two experts (Wan2.2 A14B: transformer_2 and boundary_ratio in "
+                          "model_index.json); this model has one transformer"});
+      continue;
+    }
+    if (f.key == "guidance_2" && *job.guidance_2 > 1 && !job.guided()) {
+      e.push_back({f.key, str(number(*job.guidance_2), " has no effect with guidance ", number(job.guidance),
+                              ": WanPipeline guides (either expert) only when guidance > 1; set guidance > 1, or "
+                              "leave guidance_2 unset"),
+                   /*with_job=*/true});
+      continue;
+    }
     if (f.key == "height" || f.key == "width") {
       const std::int64_t px = std::get<std::int64_t>(*v);
       if (px % m != 0) {
@@ -479,8 +515,9 @@ std::string job_output_fields_json(const JobSpec& job, const ModelInfo& info) {
   ojson j = ojson::object();
   for (const auto& f : job_fields()) {
     if (f.effect == JobFieldEffect::kNone) continue;
-    const auto v = effective_value(f, job, info);
-    j[f.key] = v ? to_json_value(*v) : ojson(nullptr);
+    // A field without an effective value is left out (the two-expert fields of a Wan2.1 job), so
+    // the fingerprints of jobs that never had them stay what they were.
+    if (const auto v = effective_value(f, job, info)) j[f.key] = to_json_value(*v);
   }
   return j.dump();
 }
@@ -488,7 +525,12 @@ std::string job_output_fields_json(const JobSpec& job, const ModelInfo& info) {
 std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
   const NoiseSchedulerConfig s = job_scheduler_config(job, info);
   return str("prompt: ", job.prompt, "; negative prompt: ", job.guided() ? job.negative_prompt : "(none: no guidance)",
-             "; seed ", job.seed, "; ", job.steps, " steps; guidance ", number(job.guidance), "; scheduler ",
+             "; seed ", job.seed, "; ", job.steps, " steps; guidance ", number(job.guidance),
+             info.two_experts() ? str(" (low-noise expert ", number(job.guidance_2.value_or(job.guidance)),
+                                      "; experts switch at boundary ratio ",
+                                      number(job.boundary_ratio.value_or(info.boundary_ratio.value_or(0))), ")")
+                                : std::string(),
+             "; scheduler ",
              noise_scheduler_name(s.kind), " (flow shift ", number(s.flow_shift), "); ", job.width, "x", job.height,
              ", ", job.frames, " frames at ", job.fps, " fps; model ", info.dir, "; dlo ", dlo_version());
 }

@@ -36,6 +36,11 @@ struct JobSpec {
   std::uint64_t seed = 0;
   std::int64_t steps = 50;
   double guidance = 5.0;                         // classifier-free guidance when > 1
+  // Wan2.2 A14B (two experts) only: the low-noise expert's guidance (unset: `guidance`) and the
+  // boundary between the experts (unset: the folder's boundary_ratio). Guidance is on for both
+  // experts when guidance > 1, as in WanPipeline.
+  std::optional<double> guidance_2;
+  std::optional<double> boundary_ratio;
   std::int64_t height = 480, width = 832, frames = 81;
   std::int64_t fps = 16;
   std::optional<NoiseSchedulerKind> scheduler;   // unset: the model folder's scheduler
@@ -131,6 +136,9 @@ JobSpec resolve_job(const std::vector<const std::map<std::string, JobFieldValue>
 struct FieldError {
   std::string field;    // the job's key, e.g. "height"
   std::string message;  // what is wrong and why, without the field name
+  // The value is wrong only beside another of the job's values (guidance_2 > 1 with guidance <= 1):
+  // reported at the job even where the value came from defaults or flags.
+  bool with_job = false;
 };
 
 // The file in a model folder that says which settings the model was made for (a model trained
@@ -180,7 +188,8 @@ std::string jobs_to_json(const std::vector<JobSpec>& jobs);
 std::vector<JobSpec> jobs_from_json(const std::string& text);
 
 // The fields that decide the output (effect kFrames or kVideo) with their effective values, as
-// one JSON object in the table's order: what a fingerprint covers of the job itself.
+// one JSON object in the table's order (fields without an effective value left out): what a
+// fingerprint covers of the job itself.
 std::string job_output_fields_json(const JobSpec& job, const ModelInfo& info);
 
 // The job-field table as docs/manifest.md shows it (a Markdown table, one row per field).

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include "dlo/common/error.h"
@@ -94,29 +95,50 @@ void hash_file(Sha256& h, const std::string& path) {
 }
 
 // model_index.json as diffusers 0.42 writes a WanPipeline: the pipeline class, and the Wan2.2
-// fields that change what a folder means. A folder of the two-expert A14B (transformer_2 and
-// boundary_ratio) or of TI2V-5B (expand_timesteps) would otherwise render with transformer/ alone
-// and one timestep per sample: a wrong video without an error. They are refused by name until
-// this build runs them.
-void check_model_index(const JsonConfig& j) {
+// fields that change what a folder means. A folder of TI2V-5B (expand_timesteps) would otherwise
+// render with one timestep per sample: a wrong video without an error; it is refused by name until
+// this build runs it. A second expert needs its boundary and the boundary its expert (WanPipeline
+// would never use an expert without a boundary, and fails at the boundary without the expert).
+struct ModelIndex {
+  bool transformer_2 = false;
+  std::optional<double> boundary_ratio;
+};
+
+// A component entry: ["diffusers", "WanTransformer3DModel"], or null / [null, null] for none.
+bool component_listed(const JsonConfig& j, const char* key) {
+  const auto* v = j.find(key);
+  if (v == nullptr || v->is_null()) return false;
+  if (v->is_array() && std::all_of(v->begin(), v->end(), [](const auto& e) { return e.is_null(); })) return false;
+  return true;
+}
+
+ModelIndex check_model_index(const JsonConfig& j) {
   const std::string& f = j.path();
   if (j.has("_class_name")) {
     const std::string cls = j.get_string("_class_name");
     DLO_CHECK(cls == "WanPipeline", f, ": field '_class_name' is '", cls,
               "'; dlo renders diffusers' WanPipeline (Wan text-to-video) folders");
   }
-  if (const auto* t2 = j.find("transformer_2")) {
-    const bool absent = t2->is_null() || (t2->is_array() && std::all_of(t2->begin(), t2->end(),
-                                                                        [](const auto& v) { return v.is_null(); }));
-    DLO_CHECK(absent, f, ": field 'transformer_2' is ", j.dump("transformer_2"),
-              ": a second expert (Wan2.2 A14B, which switches experts at boundary_ratio); two-expert models are "
-              "not supported by this build");
+  ModelIndex m;
+  if (j.has("transformer"))
+    DLO_CHECK(component_listed(j, "transformer"), f, ": field 'transformer' is ", j.dump("transformer"),
+              ": dlo needs the (high-noise) transformer; a folder with transformer_2 alone is not supported");
+  m.transformer_2 = component_listed(j, "transformer_2");
+  if (const auto* b = j.find("boundary_ratio"); b != nullptr && !b->is_null()) {
+    DLO_CHECK(b->is_number(), f, ": field 'boundary_ratio' is ", j.dump("boundary_ratio"), ": expected a number");
+    const double r = b->get<double>();
+    DLO_CHECK(std::isfinite(r) && r >= 0 && r <= 1, f, ": field 'boundary_ratio' is ", j.dump("boundary_ratio"),
+              ": expected a number in [0, 1] (the share of num_train_timesteps above which transformer/ runs)");
+    m.boundary_ratio = r;
   }
-  DLO_CHECK(!j.has("boundary_ratio"), f, ": field 'boundary_ratio' is ", j.dump("boundary_ratio"),
-            " (the step at which Wan2.2 A14B switches to transformer_2); two-expert models are not supported by "
-            "this build");
+  DLO_CHECK(!m.transformer_2 || m.boundary_ratio, f, ": field 'transformer_2' is ", j.dump("transformer_2"),
+            " but 'boundary_ratio' is null: WanPipeline would never run the second expert (set boundary_ratio, "
+            "e.g. 0.875 for Wan2.2 T2V-A14B, or remove transformer_2)");
+  DLO_CHECK(m.transformer_2 || !m.boundary_ratio, f, ": field 'boundary_ratio' is ", j.dump("boundary_ratio"),
+            " but there is no 'transformer_2': the steps below the boundary have no expert to run");
   DLO_CHECK(!j.get_bool("expand_timesteps", false), f,
             ": field 'expand_timesteps' is true (Wan2.2 TI2V-5B: a timestep per token); not supported by this build");
+  return m;
 }
 
 }  // namespace
@@ -129,10 +151,23 @@ std::string model_identity(const std::string& dir) {
       hash_file(h, dir + "/" + rel);
     };
     add("model_index.json");
-    for (const char* part : {"scheduler", "text_encoder", "tokenizer", "transformer", "vae"})
+    for (const char* part : {"scheduler", "text_encoder", "tokenizer", "transformer", "transformer_2", "vae"}) {
+      // transformer_2/ only where there is one: a Wan2.1 folder's identity is what it always was.
+      if (std::strcmp(part, "transformer_2") == 0 && !is_dir(dir + "/" + part)) continue;
       for (const auto& name : files_of(dir + "/" + part)) add(std::string(part) + "/" + name);
+    }
     return h.hex_digest().substr(0, 16);
   });
+}
+
+std::vector<std::string> ModelInfo::expert_dirs() const {
+  if (two_experts()) return {"transformer", "transformer_2"};
+  return {"transformer"};
+}
+
+std::vector<WanTransformerConfig> ModelInfo::expert_configs() const {
+  if (two_experts()) return {transformer, *transformer_2};
+  return {transformer};
 }
 
 std::int64_t ModelInfo::spatial_multiple() const { return vae.scale_factor_spatial * transformer.patch_size[1]; }
@@ -156,10 +191,28 @@ ModelInfo read_model_info(const std::string& dir) {
                 "text_encoder/, tokenizer/ and scheduler/)");
     }
     check_regular_file(dir + "/model_index.json");
-    check_model_index(JsonConfig::load(dir + "/model_index.json"));
+    const ModelIndex index = check_model_index(JsonConfig::load(dir + "/model_index.json"));
     ModelInfo info;
     info.dir = dir;
     info.transformer = WanTransformerConfig::from_json(JsonConfig::load(dir + "/transformer/config.json"));
+    if (index.transformer_2) {
+      DLO_CHECK(is_dir(dir + "/transformer_2"), "model_index.json names transformer_2 (the low-noise expert) but the ",
+                "folder has no transformer_2/");
+      const WanTransformerConfig t2 = WanTransformerConfig::from_json(JsonConfig::load(dir + "/transformer_2/config.json"));
+      const WanTransformerConfig& t1 = info.transformer;
+      // Both experts denoise the same latents against the same text: what they exchange must agree.
+      const auto differ = [&](const char* field, auto a, auto b) {
+        DLO_CHECK(a == b, "transformer_2/config.json: field '", field, "' differs from transformer/'s (", b, " vs ", a,
+                  "): both experts take the same latents and text");
+      };
+      differ("in_channels", t1.in_channels, t2.in_channels);
+      differ("out_channels", t1.out_channels, t2.out_channels);
+      differ("text_dim", t1.text_dim, t2.text_dim);
+      for (std::size_t k = 0; k < 3; ++k) differ("patch_size", t1.patch_size[k], t2.patch_size[k]);
+      differ("rope_max_seq_len", t1.rope_max_seq_len, t2.rope_max_seq_len);
+      info.transformer_2 = t2;
+      info.boundary_ratio = index.boundary_ratio;
+    }
     info.vae = WanVaeConfig::from_json(JsonConfig::load(dir + "/vae/config.json"));
     info.text_encoder = Umt5Config::from_json(JsonConfig::load(dir + "/text_encoder/config.json"));
     info.scheduler = NoiseSchedulerConfig::from_json_file(dir + "/scheduler/scheduler_config.json");

@@ -79,18 +79,26 @@ WanTransformerConfig WanTransformerConfig::preset(const std::string& name) {
     c.num_attention_heads = 12;
     c.ffn_dim = 8960;
     c.num_layers = 30;
-  } else if (name == "wan2.1-t2v-14b") {
+  } else if (name == "wan2.1-t2v-14b" || name == "wan2.2-t2v-a14b") {
+    // Wan2.2 T2V-A14B: each of its two experts has Wan2.1 14B's shape.
     c.num_attention_heads = 40;
     c.ffn_dim = 13824;
     c.num_layers = 40;
+  } else if (name == "wan2.2-a14b-test") {
+    c = preset("wan-test");  // a tiny two-expert test model: each expert wan-test's shape
   } else {
-    DLO_CHECK(false, "unknown transformer preset '", name, "' (wan-test, wan2.1-t2v-1.3b, wan2.1-t2v-14b)");
+    DLO_CHECK(false, "unknown transformer preset '", name,
+              "' (wan-test, wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-t2v-a14b, wan2.2-a14b-test)");
   }
   return c;
 }
 
+bool WanTransformerConfig::preset_has_two_experts(const std::string& name) {
+  return name == "wan2.2-t2v-a14b" || name == "wan2.2-a14b-test";
+}
+
 std::vector<std::string> WanTransformerConfig::preset_names() {
-  return {"wan-test", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"};
+  return {"wan-test", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-a14b-test"};
 }
 
 std::string WanTransformerConfig::to_json() const {

@@ -34,9 +34,13 @@ struct WanTransformerConfig {
   // Reads a diffusers transformer/config.json. Throws dlo::Error naming the file and field for
   // missing, mistyped, unsupported (I2V) or inconsistent values.
   static WanTransformerConfig from_json(const JsonConfig& json);
-  // "wan-test" (diffusers' model-test config), "wan2.1-t2v-1.3b", "wan2.1-t2v-14b".
+  // "wan-test" (diffusers' model-test config), "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"; and the shape of
+  // each expert of the two-expert models "wan2.2-t2v-a14b" (= 14B's) and "wan2.2-a14b-test" (=
+  // wan-test's).
   static WanTransformerConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
+  // Whether the preset names a model of two experts (transformer/ and transformer_2/).
+  static bool preset_has_two_experts(const std::string& name);
   // Checks consistency (positive sizes, even head dim, ...). Throws dlo::Error naming `where`.
   void validate(const std::string& where) const;
   // config.json text exactly as diffusers writes it (keys sorted, nulls for unused I2V fields).

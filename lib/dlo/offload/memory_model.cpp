@@ -54,22 +54,22 @@ Kept kept_by(const StrategyChoice& c, const StackSize& s) {
       break;
     case Strategy::kDeviceShards:
       k.device = s.shards_total();
-      k.slots = sat_mul(2, s.slot_bytes);
+      k.slots = s.slots_total();
       break;
     case Strategy::kMixed:
       for (std::int64_t i = 0; i < n; ++i) {
         std::uint64_t& where = i < c.device_blocks ? k.device : k.host;
         where = sat_add(where, s.shard_bytes[static_cast<std::size_t>(i)]);
       }
-      k.slots = sat_mul(2, s.slot_bytes);
+      k.slots = s.slots_total();
       break;
     case Strategy::kDlo:
       k.host = s.shards_total();
-      k.slots = sat_mul(2, s.slot_bytes);
+      k.slots = s.slots_total();
       break;
     case Strategy::kLayerwise:
       k.host = s.total();
-      k.slots = sat_mul(2, s.slot_bytes);
+      k.slots = s.slots_total();
       break;
   }
   return k;
@@ -84,10 +84,10 @@ std::uint64_t working_for_choice(const JobMemory& m, const MemoryBudget& b) {
 
 JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype) {
   JobMemory m;
-  const auto& c = model.transformer;
   const auto s = model.latent_shape(job.frames, job.height, job.width);
-  m.working = wan_forward_working_bytes(c, s[2], s[3], s[4], /*text tokens, as PromptEncoder pads*/ 512,
-                                        job.guided() ? 2 : 1, packed(dtype));
+  for (const auto& c : model.expert_configs())  // one expert computes at a time: the larger one's
+    m.working = std::max(m.working, wan_forward_working_bytes(c, s[2], s[3], s[4], /*text tokens, as PromptEncoder pads*/ 512,
+                                                              job.guided() ? 2 : 1, packed(dtype)));
   // The decoder's largest stage at full resolution: a few tensors of 4 frames plus the causal
   // caches (2 frames) of its convolutions, fp32; and the uint8 frames of one chunk.
   const auto dims = model.vae.decoder_dims();
@@ -198,6 +198,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
 
   const Kept k = kept_by(p.choice, stack);
   p.blocks_bytes = stack.total();
+  p.experts = stack.stacks();
   for (auto b : stack.block_bytes) p.largest_block = std::max(p.largest_block, b);
   p.kept_per_rank = k.host;
   p.device_shards = p.choice.strategy == Strategy::kResident ? 0 : k.device;
@@ -221,10 +222,12 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
 
 std::string BatchMemoryPlan::describe() const {
   std::string s = str("  strategy             ", strategy_name(choice.strategy), " (", choice.reason, ")\n",
-                      "  transformer blocks   ", human_bytes(blocks_bytes), " (largest ", human_bytes(largest_block), ")\n",
+                      "  transformer blocks   ", human_bytes(blocks_bytes), " (",
+                      experts > 1 ? str(experts, " experts, both kept; ") : std::string(), "largest ",
+                      human_bytes(largest_block), ")\n",
                       "  kept per rank        ", human_bytes(kept_per_rank), " on the host",
                       device_shards ? str(", ", human_bytes(device_shards), " on the device") : std::string(), "\n",
-                      "  slots per rank       ", human_bytes(slots), "\n",
+                      "  slots per rank       ", human_bytes(slots), experts > 1 ? str(" (", 2 * experts, " slots: 2 per expert)") : std::string(), "\n",
                       "  working (largest)    ", human_bytes(working), " per denoising step\n",
                       "  VAE decode (est.)    ", human_bytes(decode), "\n",
                       "  text encoder         ", human_bytes(text_encoder), " (mmap, shared by a node's ranks)\n",

@@ -43,7 +43,8 @@ struct BatchMemoryPlan {
   std::vector<std::int64_t> refused;
   std::vector<std::string> refused_why;
   // The figures, per rank unless said otherwise.
-  std::uint64_t blocks_bytes = 0, largest_block = 0;
+  std::uint64_t blocks_bytes = 0, largest_block = 0;  // of every expert
+  int experts = 1;                    // stacks (Wan2.2 A14B: 2, each with its own two slots)
   std::uint64_t kept_per_rank = 0;    // host shards (dlo, mixed), the whole stack (layerwise)
   std::uint64_t device_shards = 0;    // shards kept in device memory (device-shards, mixed)
   std::uint64_t slots = 0;            // two slots of the largest block (streamed strategies)

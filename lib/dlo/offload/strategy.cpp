@@ -24,6 +24,44 @@ std::uint64_t StackSize::shards_total() const {
   return t;
 }
 
+std::uint64_t StackSize::slots_total() const {
+  return sat_mul(sat_mul(2, static_cast<std::uint64_t>(stacks())), slot_bytes);
+}
+
+StackSize join_stacks(const std::vector<StackSize>& parts) {
+  DLO_ASSERT(!parts.empty(), "no stacks to join");
+  StackSize s;
+  s.ranks = parts[0].ranks;
+  for (const auto& p : parts) {
+    DLO_ASSERT(p.ranks == s.ranks && p.stacks() == 1, "stacks planned for different ranks, or joined twice");
+    s.block_bytes.insert(s.block_bytes.end(), p.block_bytes.begin(), p.block_bytes.end());
+    s.shard_bytes.insert(s.shard_bytes.end(), p.shard_bytes.begin(), p.shard_bytes.end());
+    s.slot_bytes = std::max(s.slot_bytes, p.slot_bytes);
+    s.stack_blocks.push_back(static_cast<std::int64_t>(p.block_bytes.size()));
+  }
+  if (parts.size() == 1) s.stack_blocks.clear();
+  return s;
+}
+
+std::vector<StrategyChoice> split_choice(const StrategyChoice& choice, const StackSize& joined) {
+  if (joined.stacks() == 1) return {choice};
+  std::vector<StrategyChoice> out;
+  std::int64_t first = 0;
+  for (const std::int64_t n : joined.stack_blocks) {
+    StrategyChoice c = choice;
+    if (choice.strategy == Strategy::kMixed) {
+      const std::int64_t k = std::clamp<std::int64_t>(choice.device_blocks - first, 0, n);
+      c.strategy = k == 0 ? Strategy::kDlo : k == n ? Strategy::kDeviceShards : Strategy::kMixed;
+      c.device_blocks = k;
+    } else if (choice.strategy == Strategy::kDeviceShards) {
+      c.device_blocks = n;
+    }
+    out.push_back(c);
+    first += n;
+  }
+  return out;
+}
+
 bool fits_budget(std::uint64_t need, std::uint64_t budget) { return budget == 0 || with_margin(need) <= budget; }
 
 StackSize stack_size(const StackPlan& plan) {
@@ -77,13 +115,14 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
                                const MemoryBudget& budget) {
   const auto n = static_cast<std::int64_t>(stack.block_bytes.size());
   const std::uint64_t total = stack.total(), shards = stack.shards_total();
-  const std::uint64_t slots = sat_mul(2, stack.slot_bytes);
+  const std::uint64_t slots = stack.slots_total();
   const std::optional<Strategy> asked = requested == "auto" ? std::nullopt : parse_strategy(requested);
   DLO_CHECK(requested == "auto" || asked, "unknown offload strategy '", requested, "' (", kNames, ")");
   const std::string dev = budget.device_is_host ? std::string("host") : str("device budget ", human_bytes(budget.device), " (", budget.device_why, ")");
   const std::string host = str("host budget ", budget.host == 0 ? std::string("unknown") : human_bytes(budget.host),
                                budget.host == 0 ? std::string() : str(" (", budget.host_why, ")"));
-  // Blocks 0..k-1 whose shards fit on the device beside the two slots and the working memory.
+  // Blocks 0..k-1 whose shards fit on the device beside the slots and the working memory.
+  const std::string slots_text = stack.stacks() == 1 ? std::string("2 slots") : str(2 * stack.stacks(), " slots (2 per expert)");
   std::int64_t k = 0;
   if (!budget.device_is_host) {
     std::uint64_t used = sat_add(slots, working);
@@ -148,14 +187,15 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
   if (sharded && k == n)
     return {Strategy::kDeviceShards, n,
             str("weights ", human_bytes(total), " do not fit the ", dev, "; 1/", stack.ranks, " shards (",
-                human_bytes(shards), ") + 2 slots (", human_bytes(slots), ")", need_working, " do")};
+                human_bytes(shards), ") + ", slots_text, " (", human_bytes(slots), ")", need_working, " do")};
   if (k >= 1 && k < n && fits_budget(host_after_k, budget.host))
     return {Strategy::kMixed, k,
             str("weights ", human_bytes(total), " do not fit the ", dev, "; the shards of ", k, " of ", n,
-                " blocks do beside 2 slots", need_working, "; the other ", n - k, " blocks stream from ",
+                " blocks do beside ", slots_text, need_working, "; the other ", n - k, " blocks stream from ",
                 human_bytes(host_after_k), " of host shards")};
-  DLO_CHECK(fits_budget(sat_add(slots, working), budget.device), "the ", dev, " cannot hold even two block slots (",
-            human_bytes(slots), ")", need_working, ": use smaller latents, fewer frames or a smaller dtype");
+  DLO_CHECK(fits_budget(sat_add(slots, working), budget.device), "the ", dev, " cannot hold even ",
+            stack.stacks() == 1 ? std::string("two block slots") : str(2 * stack.stacks(), " block slots (2 per expert)"),
+            " (", human_bytes(slots), ")", need_working, ": use smaller latents, fewer frames or a smaller dtype");
   if (sharded && fits_budget(shards, budget.host))
     return {Strategy::kDlo, 0,
             str("weights ", human_bytes(total), " do not fit the ", dev, "; 1/", stack.ranks, " host shards (",

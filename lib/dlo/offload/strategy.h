@@ -21,16 +21,25 @@ namespace dlo {
 class MpiWorld;
 struct DeviceSharing;
 
-// The sizes that matter for the choice, from a StackPlan (stack_size) or by hand (tests).
+// The sizes that matter for the choice, from a StackPlan (stack_size) or by hand (tests). Several
+// stacks (the two experts of Wan2.2 A14B) are joined into one (join_stacks): their blocks in
+// order, one strategy for all, each stack with its own engine and so its own two slots.
 struct StackSize {
   std::vector<std::uint64_t> block_bytes;  // per block, packed
   std::vector<std::uint64_t> shard_bytes;  // per block, one rank's shard (the block at one rank)
-  std::uint64_t slot_bytes = 0;            // one device slot
+  std::uint64_t slot_bytes = 0;            // one device slot (the largest of the stacks')
   int ranks = 1;
+  std::vector<std::int64_t> stack_blocks;  // blocks of each joined stack (empty: one stack)
   std::uint64_t total() const;
   std::uint64_t shards_total() const;
+  int stacks() const { return stack_blocks.empty() ? 1 : static_cast<int>(stack_blocks.size()); }
+  // Device memory of every slot: two per stack.
+  std::uint64_t slots_total() const;
 };
 StackSize stack_size(const StackPlan& plan);
+// `parts` (planned for the same ranks) as one: blocks in order, slot_bytes the largest, one entry
+// of stack_blocks per part.
+StackSize join_stacks(const std::vector<StackSize>& parts);
 
 // The one rule of every memory check (auto's choice and the per-job check): `need` fits `budget`
 // with a 10% margin (saturated: an overflowed need fits nothing); an unknown budget (0) fits
@@ -63,6 +72,11 @@ struct StrategyChoice {
   std::int64_t device_blocks = 0;  // EngineOptions::device_blocks (mixed: blocks kept on the device)
   std::string reason;
 };
+
+// The choice for each stack of `joined` (join_stacks): the same strategy for every stack, except
+// mixed, whose device blocks count from the first stack's block 0 over the joined order: a stack
+// wholly on the device gets device-shards, one with none there dlo, one in between mixed.
+std::vector<StrategyChoice> split_choice(const StrategyChoice& choice, const StackSize& joined);
 
 // `requested`: "auto" or a strategy name (strategy_name). `working`: the largest forward's bytes
 // beyond the weights (wan_forward_working_bytes). Pure: the same arguments give the same choice.

@@ -13,6 +13,7 @@ void RankReport::encode(std::int64_t* out) const {
   out[3] = current;
   out[4] = steps_done;
   out[5] = next;
+  out[6] = expert;
 }
 
 RankReport RankReport::decode(const std::int64_t* in) {
@@ -23,6 +24,7 @@ RankReport RankReport::decode(const std::int64_t* in) {
   r.current = in[3];
   r.steps_done = in[4];
   r.next = in[5];
+  r.expert = static_cast<int>(in[6]);
   return r;
 }
 
@@ -63,6 +65,10 @@ PassDecision JobScheduler::schedule(const std::vector<RankReport>& reports) {
     d.stop |= rep.stop;
     busy |= rep.current >= 0 || rep.next >= 0;
     d.traverse |= rep.current >= 0;
+    if (rep.current >= 0) {
+      DLO_ASSERT(rep.expert >= 0 && rep.expert < kMaxExperts, "rank ", r, " reports expert ", rep.expert);
+      d.experts |= 1u << rep.expert;
+    }
     d.rank_job[static_cast<std::size_t>(r)] = rep.current;
     d.rank_step[static_cast<std::size_t>(r)] = rep.current >= 0 ? rep.steps_done : 0;
     for (const std::int64_t j : {rep.current, rep.next}) {
@@ -79,6 +85,7 @@ PassDecision JobScheduler::schedule(const std::vector<RankReport>& reports) {
   for (std::size_t j = 0; j < steps_.size(); ++j)
     if ((state_[j] == JobState::kHeld || state_[j] == JobState::kAssigned) && !held[j]) state_[j] = JobState::kFinished;
   if (d.stop) return d;
+  if ((d.experts & (d.experts - 1)) != 0) ++mixed_passes_;
   for (int r = 0; r < ranks_ && next_job_ < jobs(); ++r)
     if (reports[static_cast<std::size_t>(r)].wants_job) assign(next_job_++, r, d.assignments);
   d.finished = !busy && d.assignments.empty() && next_job_ >= jobs();

@@ -8,7 +8,8 @@
 // no MPI, no torch, no clock: it is tested alone (tests/pipeline/test_job_scheduler.cpp).
 //
 // A pass is one traversal of the transformer's blocks by every rank: a denoising step of each
-// rank's current job, or a ghost pass for a rank without one. Jobs are handed out in order, to the
+// rank's current job, or a ghost pass for a rank without one. With two experts a pass traverses
+// the experts that some rank's step needs (PassDecision::experts), each rank computing in its own. Jobs are handed out in order, to the
 // ranks that ask, in rank order; a rank asks for its next job early enough that the job's prompts
 // are encoded when its current job ends (should_ask), so jobs of different steps, sizes and
 // guidance mix freely and no rank waits behind another rank's longer job.
@@ -33,9 +34,10 @@ struct RankReport {
   std::int64_t current = -1;        // the job its next pass computes (-1: none: a ghost pass)
   std::int64_t steps_done = 0;      // of `current`
   std::int64_t next = -1;           // a job assigned to it whose prompts are being prepared (-1: none)
+  int expert = 0;                   // the expert (0 .. kMaxExperts - 1) `current`'s next step runs
 
   // The report as a fixed number of integers (the exchange carries kWords per rank), and back.
-  static constexpr std::size_t kWords = 6;
+  static constexpr std::size_t kWords = 7;
   void encode(std::int64_t* out) const;
   static RankReport decode(const std::int64_t* in);
 };
@@ -46,12 +48,19 @@ struct JobAssignment {
   std::vector<int> ranks;
 };
 
+// A model has one transformer (Wan2.1) or two experts (Wan2.2 A14B: high noise, low noise).
+inline constexpr int kMaxExperts = 2;
+
 struct PassDecision {
   std::int64_t pass = 0;
   bool collect_results = false;  // some rank holds results: every rank joins their gather to rank 0
   bool stop = false;             // a rank asked to stop: every rank leaves the wave now
   bool finished = false;         // nothing is left to denoise anywhere: leave the wave
   bool traverse = false;         // some rank computes: every rank makes one traversal
+  // Which experts the traversal streams (bit e: expert e), in expert order: those some rank's
+  // step runs. Every rank traverses each of them, computing in its own expert's and joining the
+  // other's gathers as a ghost, so ranks on different experts never wait on each other.
+  unsigned experts = 0;
   std::vector<JobAssignment> assignments;  // jobs handed out at this boundary
   std::vector<std::int64_t> rank_job;      // per rank: the job it computes in this pass (-1: none)
   std::vector<std::int64_t> rank_step;     // per rank: that job's steps done
@@ -100,6 +109,8 @@ class JobScheduler {
   JobState state(std::int64_t job) const { return state_.at(static_cast<std::size_t>(job)); }
   std::int64_t jobs() const { return static_cast<std::int64_t>(steps_.size()); }
   std::int64_t jobs_unassigned() const { return jobs() - next_job_; }
+  // Passes so far whose traversal streamed more than one expert (ranks on different experts).
+  std::int64_t passes_streaming_all_experts() const { return mixed_passes_; }
   int ranks() const { return ranks_; }
 
  private:
@@ -111,6 +122,7 @@ class JobScheduler {
   int ranks_;
   std::int64_t next_job_ = 0;
   std::int64_t pass_ = 0;
+  std::int64_t mixed_passes_ = 0;
   bool started_ = false;
 };
 

@@ -641,7 +641,11 @@ std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const Mode
     };
     for (const FieldError& fe : validate_job(job, model, manifest.formats)) {
       const ManifestFieldSource s = source(fe.field);
-      if (s.kind == ManifestFieldSource::kDefaults) {
+      if (fe.with_job) {
+        const bool at_key = s.kind == ManifestFieldSource::kJob;
+        out.push_back({manifest.path, ji, job.id, fe.field, fe.message, at_key ? s.line : entry_line,
+                       at_key ? s.column : -1});
+      } else if (s.kind == ManifestFieldSource::kDefaults) {
         if (reported.insert("defaults." + fe.field + "\n" + fe.message).second)
           out.push_back({manifest.path, -1, "", "defaults." + fe.field, fe.message, s.line, s.column});
       } else if (s.kind == ManifestFieldSource::kModel) {

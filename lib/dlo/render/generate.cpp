@@ -122,6 +122,27 @@ struct Slot {
   std::shared_ptr<std::atomic<bool>> ready = std::make_shared<std::atomic<bool>>(false);
 };
 
+// The engines of several experts as one rank's totals (memory, traffic, waits).
+EngineStats sum_stats(const std::vector<EngineStats>& all) {
+  EngineStats t = all.at(0);
+  for (std::size_t e = 1; e < all.size(); ++e) {
+    const EngineStats& s = all[e];
+    t.host_bytes += s.host_bytes;
+    t.pinned_bytes += s.pinned_bytes;
+    t.device_shard_bytes += s.device_shard_bytes;
+    t.slot_bytes = std::max(t.slot_bytes, s.slot_bytes);
+    t.device_bytes += s.device_bytes;
+    t.blocks_acquired += s.blocks_acquired;
+    t.bytes_streamed += s.bytes_streamed;
+    t.h2d_bytes += s.h2d_bytes;
+    t.bytes_gathered += s.bytes_gathered;
+    t.exposed_wait_s += s.exposed_wait_s;
+    t.pack_s += s.pack_s;
+    if (s.strategy != t.strategy) t.strategy += "+" + s.strategy;
+  }
+  return t;
+}
+
 // The agreed memory plan (collective; a refusal is the same error on every rank).
 BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
                                   const GenerateOptions& o, const WaveDevice& dev, const StackSize& stack) {
@@ -174,15 +195,18 @@ class BatchRun {
     if (cb_.on_phase) cb_.on_phase(name);
   }
 
-  // Before the wave: the device, the transformer's plan, the memory plan, the first jobs' prompts,
-  // the engine.
+  // Before the wave: the device, the experts' plans, the memory plan, the first jobs' prompts, the
+  // engines (one per expert: each rank keeps 1/N of both experts' blocks).
   void setup() {
     dev_ = agree_device(world_, o_.device, o_.host_id, "--device");
     std::string error;
     try {
-      transformer_.emplace(WanTransformer::load(model_.dir + "/transformer", o_.dtype, /*load_blocks=*/false));
-      transformer_->to_device(dev_.device);
-      runner_ = std::make_unique<WanOffloadRunner>(*transformer_, ranks_);
+      for (const auto& dir : model_.expert_dirs()) {
+        experts_.push_back(std::make_unique<WanTransformer>(
+            WanTransformer::load(model_.dir + "/" + dir, o_.dtype, /*load_blocks=*/false)));
+        experts_.back()->to_device(dev_.device);
+        runners_.push_back(std::make_unique<WanOffloadRunner>(*experts_.back(), ranks_));
+      }
       // The other parts' checkpoints are checked now (headers only), not after a job's denoise.
       Umt5Encoder::check_checkpoint(model_.dir + "/text_encoder");
       WanVae::check_checkpoint(model_.dir + "/vae");
@@ -191,10 +215,20 @@ class BatchRun {
       error = e.what();
     }
     world_.check_all(error);
-    (void)agree_wave(world_, 0, runner_->plan().fingerprint());  // the same block layout everywhere
-    memory_ = agree_memory_plan(world_, model_, jobs_, o_, dev_, stack_size(runner_->plan()));
+    // The same block layout everywhere (every expert's).
+    std::uint64_t layout = 0;
+    std::vector<StackSize> sizes;
+    for (const auto& r : runners_) {
+      layout = layout * 1000003u ^ r->plan().fingerprint();
+      sizes.push_back(stack_size(r->plan()));
+    }
+    (void)agree_wave(world_, 0, layout);
+    const StackSize stack = join_stacks(sizes);
+    memory_ = agree_memory_plan(world_, model_, jobs_, o_, dev_, stack);
     report_.choice = str("offload: ", strategy_name(memory_.choice.strategy), " (", memory_.choice.reason, "); device ",
-                         dev_.device.str(), "; ", ranks_, " rank(s)");
+                         dev_.device.str(), "; ", ranks_, " rank(s)",
+                         runners_.size() > 1 ? str("; ", runners_.size(), " experts, each rank holding its share of both")
+                                             : std::string());
     // A job that does not fit fails alone, recorded by rank 0, before anything is prepared for it.
     std::vector<std::int64_t> steps;
     for (std::size_t i = 0; i < jobs_.size(); ++i) {
@@ -220,7 +254,9 @@ class BatchRun {
     EngineOptions eo;
     eo.keep_page_cache = o_.keep_page_cache;
     if (o_.faults.transfer_rank < 0 || o_.faults.transfer_rank == me_) eo.fail_at_block = o_.faults.transfer_block;
-    start_engine(world_, *runner_, memory_.choice, dev_.device, eo);
+    const std::vector<StrategyChoice> choices = split_choice(memory_.choice, stack);
+    for (std::size_t e = 0; e < runners_.size(); ++e) start_engine(world_, *runners_[e], choices[e], dev_.device, eo);
+    expert_traversals_.assign(runners_.size(), 0);
   }
 
   const BatchJob& job_at(std::int64_t position) const {
@@ -318,6 +354,7 @@ class BatchRun {
     r.current = current_.run ? current_.position : -1;
     r.steps_done = current_.run ? current_.run->steps_done : 0;
     r.next = next_.run ? next_.position : -1;
+    r.expert = current_.run ? current_.run->expert() : 0;
     return r;
   }
 
@@ -341,17 +378,30 @@ class BatchRun {
     cb_.on_progress(ev);
   }
 
-  // denoise: one traversal, a step of this rank's job or a ghost pass.
-  void traverse() {
-    const auto t0 = Clock::now();
-    const bool compute = current_.run != nullptr;
+  // denoise: one traversal of each expert in `experts` (PassDecision::experts), in order: a step of
+  // this rank's job in its expert's, ghost passes in the others (and in all, without a job). A
+  // failure of a ghost pass is the transfers': it propagates and ends every rank.
+  void traverse(unsigned experts) {
     ++traversals_;
-    if (!compute) {
-      runner_->ghost();  // a failure here is the transfers': it propagates and ends every rank
+    const int mine = current_.run ? current_.run->expert() : -1;  // before the step changes it
+    DLO_ASSERT(mine < 0 || (experts & (1u << mine)) != 0, "the pass does not stream expert ", mine);
+    for (std::size_t e = 0; e < runners_.size(); ++e) {
+      if ((experts & (1u << e)) == 0) continue;
+      ++expert_traversals_[e];
+      if (static_cast<int>(e) == mine)
+        step(*runners_[e]);
+      else
+        runners_[e]->ghost();
+    }
+    if (mine < 0) {
       ++ghosts_;
       if (scheduler_->jobs_unassigned() > 0 || next_.run) ++idle_;  // work existed, this rank was not ready for it
-      return;
     }
+  }
+
+  // One denoising step of this rank's job through its expert's runner.
+  void step(WanOffloadRunner& runner) {
+    const auto t0 = Clock::now();
     JobRun& run = *current_.run;
     const FaultHooks& f = o_.faults;
     const BlockHook hook = run.job.index == f.compute_job ? BlockHook([&](std::int64_t step, std::int64_t block) {
@@ -359,7 +409,7 @@ class BatchRun {
     })
                                                           : BlockHook();
     try {
-      denoise_step(*runner_, run, o_.dtype, hook);
+      denoise_step(runner, run, o_.dtype, hook);
       if (dev_.device.is_cuda()) (void)run.latents.flatten()[0].item<float>();  // the step's time is real
       run.result.allocator_reserved_peak_bytes = device_memory(dev_.device).allocator_reserved_peak;
     } catch (const BlockComputeError& e) {
@@ -408,7 +458,7 @@ class BatchRun {
         if (!next_.run) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         continue;
       }
-      traverse();
+      traverse(d.experts);
     }
   }
 
@@ -416,9 +466,11 @@ class BatchRun {
   // (their latents are complete); after a stop, a job being denoised or prepared is left for the
   // rerun. Then every rank's facts to rank 0.
   GenerateReport finish() {
-    const EngineStats es = runner_->engine().stats();
-    runner_.reset();
-    transformer_.reset();
+    std::vector<EngineStats> es;
+    for (const auto& r : runners_) es.push_back(r->engine().stats());
+    runners_.clear();
+    experts_.clear();
+    const std::int64_t mixed_passes = scheduler_->passes_streaming_all_experts();
     phase("decode");
     text_worker_.drain();
     decode_worker_.drain();
@@ -449,7 +501,18 @@ class BatchRun {
                  {"rss_kb_at_start", at_start_.rss_kb},
                  {"rss_kb", end.rss_kb},
                  {"rss_peak_kb", end.hwm_kb}};
-    mine.update(ojson::parse(engine_stats_json(es)));
+    mine.update(ojson::parse(engine_stats_json(sum_stats(es))));
+    if (es.size() > 1) {
+      // Per expert: what each engine kept and streamed, and the passes that streamed both.
+      ojson per = ojson::array();
+      for (std::size_t e = 0; e < es.size(); ++e) {
+        ojson x = ojson::parse(engine_stats_json(es[e]));
+        x["traversals"] = expert_traversals_[e];
+        per.push_back(std::move(x));
+      }
+      mine["experts"] = std::move(per);
+      mine["passes_streaming_both_experts"] = mixed_passes;
+    }
     const auto all = world_.gather_strings(mine.dump(), 0, "collecting rank facts");
     if (me_ == 0) {
       ojson arr = ojson::array();
@@ -469,8 +532,9 @@ class BatchRun {
   const int me_, ranks_;
 
   WaveDevice dev_;
-  std::optional<WanTransformer> transformer_;
-  std::unique_ptr<WanOffloadRunner> runner_;
+  std::vector<std::unique_ptr<WanTransformer>> experts_;    // transformer/ (, transformer_2/)
+  std::vector<std::unique_ptr<WanOffloadRunner>> runners_;  // one engine per expert
+  std::vector<std::int64_t> expert_traversals_;
   BatchMemoryPlan memory_;
   std::vector<std::int64_t> runnable_;  // scheduler position -> index into jobs_
   std::unique_ptr<JobScheduler> scheduler_;
@@ -508,7 +572,9 @@ RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std:
   const WaveDevice dev = agree_device(world, o.device, o.host_id, "--device");
   RenderPlan p;
   p.device = dev.device.str();
-  p.memory = agree_memory_plan(world, model, jobs, o, dev, config_stack_size(model.transformer, o.dtype, world.size()));
+  std::vector<StackSize> sizes;
+  for (const auto& c : model.expert_configs()) sizes.push_back(config_stack_size(c, o.dtype, world.size()));
+  p.memory = agree_memory_plan(world, model, jobs, o, dev, join_stacks(sizes));
   return p;
 }
 

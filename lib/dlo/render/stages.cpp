@@ -43,6 +43,12 @@ JobRun::JobRun(BatchJob j, const ModelInfo& model, int rank) : job(std::move(j))
   result.fingerprint = job.fingerprint;
 }
 
+int JobRun::expert() const {
+  if (!boundary_timestep || steps_left() <= 0) return 0;
+  const double t = scheduler->timesteps()[scheduler->step_index()].item<double>();
+  return static_cast<float>(t) >= *boundary_timestep ? 0 : 1;
+}
+
 void JobRun::fail(const std::string& what) {
   if (failed()) return;
   result.status = "failed";
@@ -68,8 +74,15 @@ void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model,
     run.context = text.encode(job.prompt).to(device, dtype);
     if (job.guided()) run.negative_context = text.encode(job.negative_prompt).to(device, dtype);
   });
-  run.scheduler = make_noise_scheduler(job_scheduler_config(job, model));
+  const NoiseSchedulerConfig sc = job_scheduler_config(job, model);
+  run.scheduler = make_noise_scheduler(sc);
   run.scheduler->set_timesteps(job.steps);
+  if (model.two_experts()) {
+    // WanPipeline: boundary_ratio * scheduler.config.num_train_timesteps, in double (Python floats).
+    const double ratio = job.boundary_ratio.value_or(model.boundary_ratio.value_or(0));
+    run.boundary_timestep = static_cast<float>(ratio * static_cast<double>(sc.num_train_timesteps));
+    run.guidance_2 = job.guidance_2.value_or(job.guidance);
+  }
   run.latents = initial_latents(model.latent_shape(job.frames, job.height, job.width), job.seed).to(device);
 }
 
@@ -78,8 +91,10 @@ void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, c
   // Before the traversal: a failure here joins the pass as a ghost, so only this job fails.
   std::vector<WanBranchInputs> branches;
   std::int64_t i = 0;
+  double guidance = 0;
   try {
     i = run.scheduler->step_index();
+    guidance = run.guidance_now();
     const at::Tensor x = run.latents.to(dtype);
     const at::Tensor t = run.scheduler->timesteps()[i].to(x.device()).expand({x.size(0)});
     branches.push_back({x, t, run.context});
@@ -95,7 +110,7 @@ void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, c
   // After it: the transfers are done, a failure is the job's own.
   try {
     at::Tensor noise = out[0];
-    if (job.guided()) noise = out[1] + job.guidance * (out[0] - out[1]);
+    if (job.guided()) noise = out[1] + guidance * (out[0] - out[1]);
     run.latents = run.scheduler->step(noise, run.latents);
   } catch (const std::exception& e) {
     throw BlockComputeError(str("the scheduler step: ", describe_exception(e)));

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -49,12 +50,22 @@ struct JobRun {
   at::Tensor latents;                    // [1, C, F, h, w], fp32, on the device
   std::unique_ptr<NoiseScheduler> scheduler;
   std::int64_t steps_done = 0;
+  // Two experts (Wan2.2 A14B): a step whose timestep t is >= this (boundary_ratio x
+  // num_train_timesteps, compared in fp32 as WanPipeline's `t >= boundary_timestep` promotes) runs
+  // expert 0 (transformer/) with guidance, the others expert 1 (transformer_2/) with guidance_2.
+  // Unset: one expert. Set by prepare_job.
+  std::optional<float> boundary_timestep;
+  double guidance_2 = 0;
 
   // A run of `job` on `rank`; the result carries the job's id, index, output, parameters and
   // fingerprint.
   JobRun(BatchJob job, const ModelInfo& model, int rank);
   bool failed() const { return result.status != "ok"; }
   std::int64_t steps_left() const { return job.spec.steps - steps_done; }
+  // The expert the next step runs (0 with one expert, or when no step is left) and its guidance
+  // scale. Needs the scheduler (after prepare_job).
+  int expert() const;
+  double guidance_now() const { return expert() == 0 ? job.spec.guidance : guidance_2; }
   // Marks the job failed with `what` (the first failure wins).
   void fail(const std::string& what);
 };
@@ -69,7 +80,7 @@ at::Tensor initial_latents(const std::vector<std::int64_t>& shape, std::uint64_t
 at::Tensor frames_to_uint8(const at::Tensor& chunk);
 
 // prepare: the prompts (the negative one only with guidance) in `dtype` on `device`, the initial
-// latents on `device`, the scheduler set to the job's steps. Throws dlo::Error (a prompt that is
+// latents on `device`, the scheduler set to the job's steps, the experts' boundary and guidance. Throws dlo::Error (a prompt that is
 // not valid UTF-8, ...): the job fails.
 void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model, at::ScalarType dtype,
                  c10::Device device);
@@ -78,9 +89,10 @@ void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model,
 // that may throw to make the job's computation fail there.
 using BlockHook = std::function<void(std::int64_t step, std::int64_t block)>;
 
-// denoise: one step of WanPipeline's loop for `run`: the latents in the transformer's dtype, the
-// step's timestep, every guidance branch through the engine in one traversal,
-// noise = uncond + guidance (cond - uncond), the scheduler's step. Collective with the engine's
+// denoise: one step of WanPipeline's loop for `run`, through `runner`, which must be the runner of
+// run.expert(): the latents in the transformer's dtype, the step's timestep, every guidance branch
+// through the engine in one traversal, noise = uncond + guidance_now() (cond - uncond), the
+// scheduler's step. Collective with the engine's
 // other ranks (one traversal). Throws BlockComputeError when the job's own computation failed,
 // anywhere in the step: the traversal was completed (as a ghost where needed), so the engine and
 // the other ranks are still in step and only this job fails. Any other exception comes from the

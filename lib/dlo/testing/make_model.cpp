@@ -22,7 +22,7 @@ namespace {
 // Whole or absent, every byte checked, synced before the rename (dlo/common/file.h).
 
 const std::vector<std::string>& known_components() {
-  static const std::vector<std::string> k{"transformer", "scheduler", "vae", "text_encoder", "tokenizer"};
+  static const std::vector<std::string> k{"transformer", "transformer_2", "scheduler", "vae", "text_encoder", "tokenizer"};
   return k;
 }
 
@@ -116,13 +116,18 @@ void check_make_model(const std::string& dir, const MakeModelOptions& o) {
   for (std::size_t i = 0; i < o.components.size(); ++i) {
     const auto& comp = o.components[i];
     DLO_CHECK(std::find(known_components().begin(), known_components().end(), comp) != known_components().end(),
-              "unknown component '", comp, "' (transformer, scheduler, vae, text_encoder, tokenizer)");
+              "unknown component '", comp, "' (transformer, transformer_2, scheduler, vae, text_encoder, tokenizer)");
     DLO_CHECK(std::find(o.components.begin(), o.components.begin() + static_cast<std::ptrdiff_t>(i), comp) ==
                   o.components.begin() + static_cast<std::ptrdiff_t>(i),
               "component '", comp, "' is listed twice");
   }
   auto has = [&](const char* c) { return std::find(o.components.begin(), o.components.end(), c) != o.components.end(); };
   if (has("transformer")) o.transformer.validate("transformer config");
+  if (has("transformer_2")) {
+    DLO_CHECK(has("transformer"), "component 'transformer_2' (the low-noise expert) needs 'transformer' too");
+    DLO_CHECK(std::isfinite(o.boundary_ratio) && o.boundary_ratio >= 0 && o.boundary_ratio <= 1,
+              "boundary_ratio must be in [0, 1], got ", o.boundary_ratio);
+  }
   if (has("vae")) o.vae.validate("vae config");
   if (has("text_encoder")) o.text_encoder.validate("text encoder config");
   // WanPipeline feeds the VAE's latents to the transformer and its output back to the VAE.
@@ -164,6 +169,11 @@ MakeModelResult make_model(const std::string& dir, const MakeModelOptions& optio
     if (comp == "transformer") {
       result.bytes += write_random_wan_transformer(sub, o.transformer, o.dtype, o.seed, o.shard_bytes).total_bytes;
       index["transformer"] = {"diffusers", "WanTransformer3DModel"};
+    } else if (comp == "transformer_2") {
+      result.bytes +=
+          write_random_wan_transformer(sub, o.transformer, o.dtype, o.seed + kSecondExpertSeed, o.shard_bytes).total_bytes;
+      index["transformer_2"] = {"diffusers", "WanTransformer3DModel"};
+      index["boundary_ratio"] = o.boundary_ratio;
     } else if (comp == "scheduler") {
       make_folders(sub);
       write_file_atomic(sub + "/scheduler_config.json", unipc_scheduler_json());
@@ -178,7 +188,7 @@ MakeModelResult make_model(const std::string& dir, const MakeModelOptions& optio
       result.bytes += write_random_wan_vae(sub, o.vae, o.vae_dtype, o.seed, o.shard_bytes).total_bytes;
       index["vae"] = {"diffusers", "AutoencoderKLWan"};
     } else {
-      DLO_CHECK(false, "unknown component '", comp, "' (transformer, scheduler, vae, text_encoder, tokenizer)");
+      DLO_CHECK(false, "unknown component '", comp, "' (transformer, transformer_2, scheduler, vae, text_encoder, tokenizer)");
     }
     result.written.push_back(sub);
   }

@@ -29,11 +29,18 @@ struct MakeModelOptions {
   // The text encoder (UMT5EncoderModel); its d_model must equal transformer.text_dim when both
   // are written. "umt5-test": tiny, for the tiny tokenizer (vocab 612) and wan-test (text_dim 16).
   Umt5Config text_encoder = Umt5Config::preset("umt5-test");
-  // Components to write; the known ones: "transformer", "scheduler", "vae", "text_encoder",
-  // "tokenizer" (a SentencePiece model trained on a built-in text; see dlo/text/tokenizer.h)
-  // (plus model_index.json).
+  // Components to write; the known ones: "transformer", "transformer_2" (Wan2.2 A14B's low-noise
+  // expert: the transformer's shape, weights drawn with seed + kSecondExpertSeed; needs
+  // "transformer"), "scheduler", "vae", "text_encoder", "tokenizer" (a SentencePiece model trained
+  // on a built-in text; see dlo/text/tokenizer.h) (plus model_index.json, with boundary_ratio when
+  // transformer_2 is written).
   std::vector<std::string> components{"transformer", "scheduler", "vae", "text_encoder", "tokenizer"};
+  double boundary_ratio = 0.875;  // model_index.json's, with transformer_2 (Wan2.2 T2V-A14B's value)
 };
+
+// What transformer_2's seed adds to MakeModelOptions::seed (its tensors have the same names as the
+// first expert's, so the same seed would draw the same weights).
+inline constexpr std::uint64_t kSecondExpertSeed = 0x2e2;
 
 struct MakeModelResult {
   std::vector<std::string> written;  // component folders

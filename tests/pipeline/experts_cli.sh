@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# dlo-generate on a two-expert model (Wan2.2 A14B's shape: transformer/ above the boundary,
+# transformer_2/ below), as a user runs it, on random weights:
+#  1. a batch whose ranks are on different experts in the same pass (jobs of different steps,
+#     boundaries and schedulers) gives every job the same frames at 1, 2 and 3 ranks and with every
+#     strategy (mixed split over the experts included), equal to the job rendered alone; the report
+#     counts the passes that streamed both experts, and both experts' engines gathered;
+#  2. --dry-run counts both experts (their blocks, 2 slots each);
+#  3. a guidance_2 that would do nothing (guidance <= 1) is refused by name before any work: exit 2.
+# (That the frames are WanPipeline's: the parity label, tools/reference/pipeline_parity.py --two-experts.)
+#   experts_cli.sh BIN_DIR
+set -euo pipefail
+# shellcheck source=tests/common/cli.sh
+source "$(dirname "$0")/../common/cli.sh" "$1"
+"$BIN/dlo-checkpoint" make "$T/m" --preset wan2.2-a14b-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null
+[ -d "$T/m/transformer_2" ] && grep -q '"boundary_ratio": 0.875' "$T/m/model_index.json" \
+  || fail "the wan2.2-a14b-test preset wrote no second expert: $(ls "$T/m")"
+cmp -s "$T/m/transformer/config.json" "$T/m/transformer_2/config.json" || fail "the experts' configs differ"
+
+# Steps at shift 3 (UniPC): 6 steps have timesteps 999 923 818 667 429 9 -> 2 high-noise steps at
+# the folder's 0.875; 'owl' switches after 1 (0.95), 'sea' after 3 of 4 (0.5, Euler), so from the
+# second pass on the ranks are on different experts.
+cat >"$T/jobs.yaml" <<YAML
+model: m
+output_dir: out
+defaults: {frames: 5, height: 32, width: 48, seed: 11, guidance: 4.0, guidance_2: 3.0, format: png}
+jobs:
+  - {id: fox, prompt: "a red fox in the snow", steps: 6}
+  - {id: owl, prompt: "an owl at night", steps: 3, boundary_ratio: 0.95}
+  - {id: sea, prompt: "waves on a beach", steps: 4, boundary_ratio: 0.5, scheduler: euler}
+  - {id: car, prompt: "a car on a road", steps: 5, guidance: 1, guidance_2: 1}
+YAML
+GEN=("$BIN/dlo-generate" --threads 1 --quiet)
+sha_of() { grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4; }
+
+run() {  # run NAME NP ARGS...: the batch; every job's sha checked against the reference
+  local name=$1 np=$2; shift 2
+  rm -rf "$T/out"
+  mpirun -np "$np" "${GEN[@]}" --jobs "$T/jobs.yaml" --report "$T/$name.json" "$@"
+  [ "$(grep -c '"status":"ok"' "$T/out/results.jsonl")" = 4 ] || fail "$name: $(cat "$T/out/results.jsonl")"
+  for id in fox owl sea car; do
+    local s
+    s=$(sha_of "$T/out/results.jsonl" $id)
+    [ ${#s} = 64 ] || fail "$name $id: no sha"
+    if [ "$name" = ref ]; then eval "ref_$id=$s"; else [ "$s" = "$(eval echo \$ref_$id)" ] || fail "$name: $id differs"; fi
+  done
+  echo "ok: $name ($np rank(s) $*): 4 jobs, frames identical to 1 rank resident"
+}
+run ref 1 --offload resident
+grep -q '"choice": "offload: resident .*; 2 experts, each rank holding its share of both"' "$T/ref.json" \
+  || fail "the report does not say 2 experts: $(grep choice "$T/ref.json")"
+run dlo2 2 --offload dlo
+python3 - "$T/dlo2.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for rank in r["ranks"]:
+    both = rank["passes_streaming_both_experts"]
+    assert both >= 1, f"no pass streamed both experts: {rank}"
+    ex = rank["experts"]
+    assert len(ex) == 2 and all(e["bytes_gathered"] > 0 and e["traversals"] > 0 for e in ex), ex
+    assert rank["bytes_gathered"] == sum(e["bytes_gathered"] for e in ex), rank
+print(f"ok: 2 ranks: {both} pass(es) streamed both experts; traversals per expert "
+      f"{[e['traversals'] for e in r['ranks'][0]['experts']]}; both engines gathered")
+PY
+run dlo3 3 --offload dlo
+run layerwise2 2 --offload layerwise
+run shards2 2 --offload device-shards
+run mixed2 2 --offload mixed
+run mixed2b 2 --offload mixed --device-budget 8GiB
+grep -q '"strategy": "device-shards+mixed"' "$T/mixed2b.json" || fail "mixed over two experts: $(grep '"strategy"' "$T/mixed2b.json" | head -2)"
+"$BIN/dlo-generate" --threads 1 --quiet --model "$T/m" --prompt "waves on a beach" --steps 4 --boundary-ratio 0.5 \
+  --scheduler euler --frames 5 --height 32 --width 48 --seed 11 --guidance 4 --guidance-2 3 --format png \
+  --out "$T/sea" --report "$T/alone.json"
+alone=$(grep -o '"frames_sha256": "[0-9a-f]*"' "$T/alone.json" | cut -d'"' -f4)
+[ "$alone" = "$ref_sea" ] || fail "sea alone $alone differs from sea in the batch $ref_sea"
+echo "ok: a job in the batch equals the same job rendered alone"
+
+# 2. The dry run counts both experts.
+mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --dry-run --offload dlo --output-dir "$T/dry" >"$T/plan.txt"
+grep -q "(2 experts, both kept; largest" "$T/plan.txt" && grep -q "(4 slots: 2 per expert)" "$T/plan.txt" \
+  || fail "--dry-run: $(cat "$T/plan.txt")"
+echo "ok: --dry-run counts both experts' blocks and slots"
+
+# 3. A guidance_2 that WanPipeline would ignore: refused, naming the job and the field.
+sed 's/guidance: 1, guidance_2: 1/guidance: 1/' "$T/jobs.yaml" >"$T/bad.yaml"
+set +e
+"${GEN[@]}" --jobs "$T/bad.yaml" --output-dir "$T/bad" >"$T/stdout" 2>"$T/stderr"
+rc=$?
+set -e
+[ "$rc" = 2 ] || fail "guidance_2 without guidance: exit $rc, want 2: $(cat "$T/stderr")"
+grep -qF "job 3 (id 'car'): guidance_2: 3 has no effect with guidance 1" "$T/stderr" || fail "guidance_2 without guidance: $(cat "$T/stderr")"
+[ ! -e "$T/bad" ] || fail "the refused batch wrote $T/bad"
+echo "ok: guidance_2 > 1 with guidance <= 1 is refused by name, nothing written"
