@@ -90,6 +90,20 @@ print(h["frames"]["shape"], "distinct byte values", len(set(d)))
 sys.exit(0 if len(set(d)) > 1 else 1)
 PY
 }
+# Two experts (Wan2.2 A14B's shape, tiny): a job whose steps span both experts at 1 rank (resident)
+# and at 2 ranks on the one GPU (dlo over NCCL): the same frames, byte for byte.
+experts() {
+  "$B/bin/dlo-checkpoint" make "$W/a14b" --preset wan2.2-a14b-test --layers 3 --in-channels 16 --out-channels 16 \
+    --dtype bf16 --shard-size 50KB >/dev/null || return 1
+  local args=(--model "$W/a14b" --prompt "a red fox" --steps 4 --height 32 --width 48 --frames 5 --guidance 4
+              --guidance-2 3 --device "$DEVARG" --seed 7 --report)
+  mpirun_ -np 1 "$B/bin/dlo-generate-bare" "${args[@]}" "$W/rep_experts1.json" --offload resident \
+    --out "$W/experts1.safetensors" || return 1
+  mpirun_nccl2 "$B/bin/dlo-generate-bare" "${args[@]}" "$W/rep_experts2.json" --offload dlo \
+    --out "$W/experts2.safetensors" || return 1
+  grep -o '"choice": "[^"]*"' "$W/rep_experts2.json"
+  cmp "$W/experts1.safetensors" "$W/experts2.safetensors" && echo "frames identical at 1 and 2 ranks"
+}
 bench() {
   "$B/bin/dlo-checkpoint" make "$W/big$1" --preset wan2.1-t2v-1.3b --layers "$1" --dtype bf16 --components transformer >/dev/null || return 1
   local rc=0
@@ -131,7 +145,7 @@ PY
 # this is not yet the plain pinned-copy GB/s baseline the issue asks for).
 pinned() { "$B/bin/dlo-bench-engine" --model "$W/small" --dtype bf16 --passes 20 --repeats 3 2>&1 | tail -8; }
 
-export -f known mpirun_ mpirun_nccl2 gpu_only facts model_small fwd same strategy dlo2 fault gen bench pinned
+export -f known mpirun_ mpirun_nccl2 gpu_only facts model_small fwd same strategy dlo2 fault gen experts bench pinned
 export W B DEV DEVARG PY BENCH_SHAPE PASSES LAYERS
 say "gpu-run: device $DEV, bundle $B, torch site-packages ${SP:-NOT FOUND}, $(date -u)"
 step facts 60 facts
@@ -147,6 +161,7 @@ for s in $STRATEGIES; do [ "$s" = resident ] || step "strategy_$s" 90 strategy "
 step dlo_2ranks_nccl 120 dlo2
 step fault_2ranks 90 fault
 step generate_bare 120 gen
+step experts_1_2ranks 120 experts
 for s in resident device-shards layerwise dlo auto; do
   case " $STRATEGIES auto " in *" $s "*) step "bench_${LAYERS}L_$s" 120 bench "$LAYERS" "$s" ;; esac
 done

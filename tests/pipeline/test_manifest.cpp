@@ -513,6 +513,23 @@ TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model'
   real.vae = dlo::WanVaeConfig::preset("wan2.1-vae");
   CHECK(dlo::format_problems(dlo::check_manifest(wan, real)) == "");
   CHECK(wan.jobs.size() == 6);
+  // jobs/wan2.2-t2v-a14b.yaml: two experts with the official settings; fine for A14B, refused
+  // (guidance_2, by name) for the one-expert 1.3B.
+  dlo::Manifest a14b = dlo::load_manifest(src + "/jobs/wan2.2-t2v-a14b.yaml", {}, std::nullopt, d.path().string(), kVideoFormats);
+  dlo::ModelInfo two = real;
+  two.transformer = dlo::WanTransformerConfig::preset("wan2.2-t2v-a14b");
+  two.transformer_2 = two.transformer;
+  two.boundary_ratio = 0.875;
+  CHECK(dlo::format_problems(dlo::check_manifest(a14b, two)) == "");
+  REQUIRE(a14b.jobs.size() == 4);
+  CHECK(a14b.jobs[0].steps == 40);
+  CHECK(a14b.jobs[0].guidance == 4.0);
+  CHECK(a14b.jobs[0].guidance_2 == 3.0);
+  CHECK(a14b.jobs[0].flow_shift == 12.0);
+  CHECK(a14b.jobs[0].height == 720);
+  CHECK(a14b.jobs[3].width == 832);
+  CHECK(dlo::format_problems(dlo::check_manifest(a14b, real)).find("defaults: guidance_2: applies to models with two experts") !=
+        std::string::npos);
   for (const auto& j : wan.jobs) {
     CHECK(j.height == 480);
     CHECK(j.width == 832);

@@ -142,7 +142,7 @@ std::vector<JobField> make_table() {
   add({"boundary_ratio", "boundary-ratio", JobFieldType::kNumber, JobFieldEffect::kFrames, kAllModel, true,
        "steps with timestep >= boundary_ratio x num_train_timesteps run transformer/, the rest transformer_2/ "
        "(Wan2.2 A14B)",
-       "the model folder's (0.875 for T2V-A14B)", "in [0, 1]; only for a model with transformer_2", {}, false,
+       "model_index.json's (0.875 for T2V-A14B)", "in [0, 1]; only for a model with transformer_2", {}, false,
        [](const JobSpec& j) { return j.boundary_ratio ? std::optional<JobFieldValue>(*j.boundary_ratio) : std::nullopt; },
        [](JobSpec& j, const JobFieldValue& v) { j.boundary_ratio = std::get<double>(v); },
        number_check([](double v) -> std::string {
