@@ -5,6 +5,8 @@
 #     boundaries and schedulers) gives every job the same frames at 1, 2 and 3 ranks and with every
 #     strategy (mixed split over the experts included), equal to the job rendered alone; the report
 #     counts the passes that streamed both experts, and both experts' engines gathered;
+#     a drifting batch (many passes on both experts, their blocks traversed together) is the
+#     same at 2 and 3 ranks; a job failing in such a pass fails alone (exit 3);
 #  2. --dry-run counts both experts (their blocks, 2 slots each);
 #  3. a guidance_2 that would do nothing (guidance <= 1) is refused by name before any work: exit 2.
 # (That the frames are WanPipeline's: the parity label, tools/reference/pipeline_parity.py --two-experts.)
@@ -74,6 +76,39 @@ grep -q '"strategy": "device-shards+mixed"' "$T/mixed2b.json" || fail "mixed ove
 alone=$(grep -o '"frames_sha256": "[0-9a-f]*"' "$T/alone.json" | cut -d'"' -f4)
 [ "$alone" = "$ref_sea" ] || fail "sea alone $alone differs from sea in the batch $ref_sea"
 echo "ok: a job in the batch equals the same job rendered alone"
+
+# Many passes on both experts (jobs of 6 and 2 steps alternating drift the ranks apart): the
+# experts' blocks are traversed together; the same frames as 1 rank.
+cat >"$T/drift.yaml" <<YAML
+model: m
+output_dir: out
+defaults: {frames: 5, height: 32, width: 48, seed: 3, guidance: 4.0, guidance_2: 2.0, format: png}
+jobs:
+YAML
+for i in 0 1 2 3 4 5; do echo "  - {id: d$i, prompt: \"drift $i\", steps: $(( i % 2 ? 2 : 6 )), boundary_ratio: 0.8}" >>"$T/drift.yaml"; done
+shas() { for i in 0 1 2 3 4 5; do sha_of "$T/out/results.jsonl" d$i; done | tr '\n' ' '; }
+rm -rf "$T/out"; "${GEN[@]}" --jobs "$T/drift.yaml" --offload resident; drift1=$(shas)
+for np in 2 3; do
+  rm -rf "$T/out"; mpirun -np $np "${GEN[@]}" --jobs "$T/drift.yaml" --offload dlo --report "$T/drift$np.json"
+  [ "$(shas)" = "$drift1" ] || fail "drifting batch at $np ranks: $(shas) vs $drift1"
+  both=$(grep -o '"passes_streaming_both_experts": [0-9]*' "$T/drift$np.json" | head -1 | grep -o '[0-9]*$')
+  [ "$both" -ge 2 ] || fail "drifting batch at $np ranks: $both passes on both experts"
+  echo "ok: a drifting batch at $np ranks: $both passes on both experts, frames identical to 1 rank"
+done
+
+# A job that fails in a pass on both experts (owl's step 2 runs transformer_2 while fox's runs
+# transformer): that job alone fails, the others' frames are the reference's, exit 3.
+rm -rf "$T/out"
+set +e
+mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --offload dlo --fail-job 1 --fail-step 2 --report "$T/fail.json" \
+  >"$T/stdout" 2>"$T/stderr"
+rc=$?
+set -e
+[ "$rc" = 3 ] || fail "a failed job: exit $rc, want 3: $(tail -3 "$T/stderr")"
+grep '"id":"owl"' "$T/out/results.jsonl" | grep -q '"status":"failed"' || fail "owl did not fail: $(cat "$T/out/results.jsonl")"
+for id in fox sea car; do [ "$(sha_of "$T/out/results.jsonl" $id)" = "$(eval echo \$ref_$id)" ] || fail "$id differs after owl failed"; done
+grep -q '"passes_streaming_both_experts": [1-9]' "$T/fail.json" || fail "the failure was not in a pass on both experts"
+echo "ok: a job failing in a pass on both experts fails alone; the others' frames unchanged"
 
 # 2. The dry run counts both experts.
 mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --dry-run --offload dlo --output-dir "$T/dry" >"$T/plan.txt"

@@ -303,21 +303,35 @@ const std::vector<at::Tensor>& BlockEngine::acquire(std::int64_t i) { return imp
 void BlockEngine::release(std::int64_t i) { impl_->release(i); }
 
 void BlockEngine::traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute) {
+  traverse_together({this}, compute ? 0 : -1, compute);
+}
+
+void BlockEngine::traverse_together(const std::vector<BlockEngine*>& engines, int computing,
+                                    const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute) {
+  DLO_ASSERT(computing < static_cast<int>(engines.size()), "engine ", computing, " of ", engines.size());
+  std::int64_t n = 0;
+  for (const auto* e : engines) n = std::max(n, e->impl_->n);
   // A compute failure stays local: the rest of the pass joins the transfers without computing,
   // so the other ranks' gathers complete, and the failure is reported after the pass.
   std::string failure;
   std::int64_t failed_block = -1;
-  for (std::int64_t i = 0; i < impl_->n; ++i) {
-    const auto& w = acquire(i);
-    if (compute && failed_block < 0) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::vector<at::Tensor>* mine = nullptr;
+    for (std::size_t k = 0; k < engines.size(); ++k) {
+      if (i >= engines[k]->impl_->n) continue;
+      const auto& w = engines[k]->acquire(i);
+      if (static_cast<int>(k) == computing) mine = &w;
+    }
+    if (mine && compute && failed_block < 0) {
       try {
-        compute(i, w);
+        compute(i, *mine);
       } catch (const std::exception& e) {
         failure = describe_exception(e);
         failed_block = i;
       }
     }
-    release(i);
+    for (auto* e : engines)
+      if (i < e->impl_->n) e->release(i);
   }
   if (failed_block >= 0) throw BlockComputeError(str("block ", failed_block, ": ", failure));
 }

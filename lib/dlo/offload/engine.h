@@ -125,6 +125,16 @@ class BlockEngine {
 
   EngineStats stats() const;
 
+  // Several engines in one pass, block by block together (Wan2.2's two experts when ranks are on
+  // different experts): for i = 0, 1, ...: block i of every engine that has one is acquired, in
+  // the order given, then engines[computing]'s compute(i, weights) runs (computing -1: none), then
+  // all are released. So a rank computing in one engine joins the others' gathers, which proceed
+  // behind its compute instead of after it. Collective: every rank passes the same engines in the
+  // same order. Failures as traverse(): a compute failure finishes the pass as a ghost and throws
+  // BlockComputeError at its end.
+  static void traverse_together(const std::vector<BlockEngine*>& engines, int computing,
+                                const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -1,5 +1,7 @@
 #include "dlo/offload/runner.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -45,6 +47,13 @@ OffloadStack::OffloadStack(const Checkpoint& ck, const std::vector<std::vector<s
                            const std::function<DType(const std::string&)>& packed_dtype, int ranks)
     : plan_(std::make_unique<StackPlan>(ck, blocks, packed_dtype, ranks)) {}
 
+void OffloadStack::ghost(const std::vector<BlockEngine*>& pass) {
+  if (pass.empty())
+    engine_->traverse(nullptr);
+  else
+    BlockEngine::traverse_together(pass, -1, nullptr);
+}
+
 void OffloadStack::start(EngineOptions options, std::unique_ptr<Collective> collective) {
   collective_ = std::move(collective);
   if (collective_) options.collective = collective_.get();
@@ -83,20 +92,28 @@ WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks)
       model_(model) {}
 
 std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInputs>& branches,
-                                                  const std::function<void(std::int64_t)>& before_block) {
+                                                  const std::function<void(std::int64_t)>& before_block,
+                                                  const std::vector<BlockEngine*>& pass) {
   const auto& c = model_.config();
   std::vector<WanForwardState> states;
   try {
     for (const auto& b : branches) states.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
   } catch (const std::exception& e) {
-    ghost();  // the other ranks are in this pass's gathers: join them without computing
+    ghost(pass);  // the other ranks are in this pass's gathers: join them without computing
     throw BlockComputeError(str("the transformer's input embeddings: ", describe_exception(e)));
   }
-  engine().traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
+  const auto compute = [&](std::int64_t i, const std::vector<at::Tensor>& w) {
     if (before_block) before_block(i);
     const WanBlockWeights bw = WanBlockWeights::bind(w, c);
     for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);
-  });
+  };
+  if (pass.empty()) {
+    engine().traverse(compute);
+  } else {
+    const auto me = std::find(pass.begin(), pass.end(), &engine());
+    DLO_ASSERT(me != pass.end(), "the pass's engines do not include this runner's");
+    BlockEngine::traverse_together(pass, static_cast<int>(me - pass.begin()), compute);
+  }
   try {
     std::vector<at::Tensor> out;
     for (const auto& s : states) out.push_back(model_.end(s));

@@ -39,8 +39,9 @@ class OffloadStack {
   // alive until the engine is gone: the engine's last prefetch still uses it.
   void start(EngineOptions options, std::unique_ptr<Collective> collective = nullptr);
   BlockEngine& engine() { return *engine_; }
-  // Joins one forward's transfers without computing.
-  void ghost() { engine_->traverse(nullptr); }
+  // Joins one forward's transfers without computing; with `pass` (the engines of a pass that
+  // traverses several, this one among them: BlockEngine::traverse_together), all of them.
+  void ghost(const std::vector<BlockEngine*>& pass = {});
 
  private:
   std::unique_ptr<StackPlan> plan_;
@@ -60,8 +61,11 @@ class WanOffloadRunner : public OffloadStack {
   // A failure of the computation (the embeddings, a block, the output head, a failed allocation)
   // throws BlockComputeError after the traversal was completed without computing, so the other
   // ranks' gathers go on; any other exception is the transfers' (the collective is out of step).
+  // `pass`: the engines the pass traverses together, in the order every rank uses, this runner's
+  // among them (empty: this one alone); its blocks compute, the others' are joined as a ghost.
   std::vector<at::Tensor> forward(const std::vector<WanBranchInputs>& branches,
-                                  const std::function<void(std::int64_t block)>& before_block = {});
+                                  const std::function<void(std::int64_t block)>& before_block = {},
+                                  const std::vector<BlockEngine*>& pass = {});
 
  private:
   const WanTransformer& model_;

@@ -378,29 +378,37 @@ class BatchRun {
     cb_.on_progress(ev);
   }
 
-  // denoise: one traversal of each expert in `experts` (PassDecision::experts), in order: a step of
-  // this rank's job in its expert's, ghost passes in the others (and in all, without a job). A
-  // failure of a ghost pass is the transfers': it propagates and ends every rank.
+  // denoise: one traversal of the experts in `experts` (PassDecision::experts): a step of this
+  // rank's job through its expert's blocks, or a ghost pass. When the pass streams both experts
+  // (ranks on different experts) their blocks are traversed together, block i of each in expert
+  // order, so this rank joins the other expert's gathers behind its own compute
+  // (BlockEngine::traverse_together). A failure of a ghost pass is the transfers': it propagates
+  // and ends every rank.
   void traverse(unsigned experts) {
     ++traversals_;
-    const int mine = current_.run ? current_.run->expert() : -1;  // before the step changes it
+    const int mine = current_.run ? current_.run->expert() : -1;
     DLO_ASSERT(mine < 0 || (experts & (1u << mine)) != 0, "the pass does not stream expert ", mine);
+    std::vector<BlockEngine*> pass;
+    int first = -1;
     for (std::size_t e = 0; e < runners_.size(); ++e) {
       if ((experts & (1u << e)) == 0) continue;
       ++expert_traversals_[e];
-      if (static_cast<int>(e) == mine)
-        step(*runners_[e]);
-      else
-        runners_[e]->ghost();
+      pass.push_back(&runners_[e]->engine());
+      if (first < 0) first = static_cast<int>(e);
     }
+    if (pass.size() == 1) pass.clear();  // one engine: its own traversal
+    if (mine >= 0)
+      step(*runners_[static_cast<std::size_t>(mine)], pass);
+    else
+      runners_[static_cast<std::size_t>(first)]->ghost(pass);
     if (mine < 0) {
       ++ghosts_;
       if (scheduler_->jobs_unassigned() > 0 || next_.run) ++idle_;  // work existed, this rank was not ready for it
     }
   }
 
-  // One denoising step of this rank's job through its expert's runner.
-  void step(WanOffloadRunner& runner) {
+  // One denoising step of this rank's job through its expert's runner (and `pass`, see traverse).
+  void step(WanOffloadRunner& runner, const std::vector<BlockEngine*>& pass) {
     const auto t0 = Clock::now();
     JobRun& run = *current_.run;
     const FaultHooks& f = o_.faults;
@@ -409,7 +417,7 @@ class BatchRun {
     })
                                                           : BlockHook();
     try {
-      denoise_step(runner, run, o_.dtype, hook);
+      denoise_step(runner, run, o_.dtype, hook, pass);
       if (dev_.device.is_cuda()) (void)run.latents.flatten()[0].item<float>();  // the step's time is real
       run.result.allocator_reserved_peak_bytes = device_memory(dev_.device).allocator_reserved_peak;
     } catch (const BlockComputeError& e) {

@@ -86,7 +86,8 @@ void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model,
   run.latents = initial_latents(model.latent_shape(job.frames, job.height, job.width), job.seed).to(device);
 }
 
-void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook) {
+void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook,
+                  const std::vector<BlockEngine*>& pass) {
   const JobSpec& job = run.job.spec;
   // Before the traversal: a failure here joins the pass as a ghost, so only this job fails.
   std::vector<WanBranchInputs> branches;
@@ -100,13 +101,14 @@ void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, c
     branches.push_back({x, t, run.context});
     if (job.guided()) branches.push_back({x, t, run.negative_context});
   } catch (const std::exception& e) {
-    runner.ghost();
+    runner.ghost(pass);
     throw BlockComputeError(str("the step's inputs: ", describe_exception(e)));
   }
   const std::int64_t step = i + 1;
   const std::vector<at::Tensor> out =
       runner.forward(branches, hook ? std::function<void(std::int64_t)>([&](std::int64_t b) { hook(step, b); })
-                                    : std::function<void(std::int64_t)>());
+                                    : std::function<void(std::int64_t)>(),
+                     pass);
   // After it: the transfers are done, a failure is the job's own.
   try {
     at::Tensor noise = out[0];

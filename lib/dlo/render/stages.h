@@ -28,6 +28,7 @@
 
 namespace dlo {
 
+class BlockEngine;
 class PromptEncoder;
 class WanOffloadRunner;
 class WanVae;
@@ -97,7 +98,10 @@ using BlockHook = std::function<void(std::int64_t step, std::int64_t block)>;
 // anywhere in the step: the traversal was completed (as a ghost where needed), so the engine and
 // the other ranks are still in step and only this job fails. Any other exception comes from the
 // transfers: the collective is out of step and every rank must end.
-void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook = {});
+// `pass`: the engines this pass traverses together (two experts with ranks on both; see
+// BlockEngine::traverse_together), runner's among them; empty: runner's alone.
+void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook = {},
+                  const std::vector<BlockEngine*>& pass = {});
 
 // Opens the sink of a job's frames (width, height, frames); may throw (the job then fails).
 using SinkFactory = std::function<std::unique_ptr<FrameSink>(const BatchJob& job, std::int64_t width,
