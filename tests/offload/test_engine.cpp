@@ -2,7 +2,7 @@
 // n-1 device blocks, dlo, layerwise) gives bitwise the same result as the resident model, with
 // guidance, over consecutive passes, with ranks that have less or no work; what each keeps and
 // moves per pass equals what the plan says by hand; blocks of different sizes and dtypes are
-// gathered exactly.
+// gathered exactly; two engines (two experts) traversed together stay exact and in step.
 #include "common/doctest_torch.h"
 
 #include <filesystem>
@@ -393,5 +393,67 @@ TEST_CASE("the UMT5 text encoder streams through the engine with the same result
     agree_wave(world(), 2, runner.plan().fingerprint());
     runner.start(options_for(m), collective_for(m.strategy));
     for (int pass = 0; pass < 2; ++pass) CHECK(at::equal(runner.encode(ids, mask), want));
+  }
+}
+
+TEST_CASE("two engines traversed together (two experts, ranks on different ones): exact blocks, in order, failures local") {
+  SharedDir dir;
+  // Expert A: 4 blocks, expert B: 3 (different counts: the longer one finishes alone).
+  std::vector<TensorSpec> specs;
+  std::vector<std::vector<std::string>> a_blocks, b_blocks;
+  for (int i = 0; i < 7; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    auto& blocks = i < 4 ? a_blocks : b_blocks;
+    blocks.push_back({p + "w", p + "b"});
+    specs.push_back({p + "w", DType::F32, {5 + i, 11}});
+    specs.push_back({p + "b", DType::BF16, {2 * i + 3}});
+  }
+  if (world().rank() == 0)
+    write_random_checkpoint(dir.file("two"), specs, [](const TensorSpec&) { return RandomInit{0.5, 3.0}; }, 9, WriteOptions{});
+  world().barrier();
+  auto ck = Checkpoint::open(dir.file("two"));
+  const auto stored = [&](const std::string& n) { return ck.at(n).dtype; };
+  StackPlan pa(ck, a_blocks, stored, world().size()), pb(ck, b_blocks, stored, world().size());
+  for (const auto& [sa, sb] : {std::pair{Strategy::kDlo, Strategy::kDlo}, std::pair{Strategy::kDlo, Strategy::kLayerwise},
+                               std::pair{Strategy::kDeviceShards, Strategy::kMixed}}) {
+    CAPTURE(strategy_name(sa));
+    CAPTURE(strategy_name(sb));
+    auto ca = collective_for(sa), cb = collective_for(sb);
+    EngineOptions oa = options_for({sa, 0, ""}), ob = options_for({sb, 1, ""});
+    oa.collective = ca.get();
+    ob.collective = cb.get();
+    BlockEngine ea(pa, oa), eb(pb, ob);
+    const std::vector<BlockEngine*> both = {&ea, &eb};
+    for (int pass = 0; pass < 6; ++pass) {
+      CAPTURE(pass);
+      // Rank r computes in expert (r + pass) % 2; every third pass rank 1 has no job (a ghost).
+      int computing = (world().rank() + pass) % 2;
+      if (pass % 3 == 2 && world().rank() == 1) computing = -1;
+      const auto& names = computing == 1 ? b_blocks : a_blocks;
+      std::vector<std::int64_t> seen;
+      const bool fail_here = pass == 4 && world().rank() == 0;
+      const auto visit = [&](std::int64_t i, const std::vector<at::Tensor>& w) {
+        seen.push_back(i);
+        if (fail_here && i == 1) throw Error("injected failure (test)");
+        const auto& n = names[static_cast<std::size_t>(i)];
+        REQUIRE(w.size() == n.size());
+        for (std::size_t k = 0; k < n.size(); ++k) CHECK_MESSAGE(at::equal(w[k], tensor_view(ck, n[k])), n[k]);
+      };
+      if (fail_here) {
+        CHECK_THROWS_WITH_AS(BlockEngine::traverse_together(both, computing, visit),
+                             doctest::Contains("block 1: injected failure"), BlockComputeError);
+        CHECK(seen == std::vector<std::int64_t>{0, 1});  // the rest of the pass without computing
+        continue;
+      }
+      BlockEngine::traverse_together(both, computing, visit);
+      std::vector<std::int64_t> want;
+      if (computing >= 0)
+        for (std::size_t i = 0; i < names.size(); ++i) want.push_back(static_cast<std::int64_t>(i));
+      CHECK(seen == want);
+    }
+    // Each engine alone still works after passes together (the rings stayed in order).
+    ea.traverse(nullptr);
+    eb.traverse(nullptr);
+    if (world().size() > 1 && is_sharded(sa)) CHECK(ea.stats().bytes_gathered > 0);
   }
 }
