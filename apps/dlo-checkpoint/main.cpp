@@ -203,6 +203,10 @@ int make(int argc, char** argv) {
       std::find(o.components.begin(), o.components.end(), "transformer_2") == o.components.end())
     o.components.push_back("transformer_2");
   if (args.count("boundary-ratio")) o.boundary_ratio = args["boundary-ratio"].as<double>();
+  DLO_CHECK(args["preset"].as<std::string>() != "wan2.2-ti2v-5b" ||
+                std::find(o.components.begin(), o.components.end(), "vae") == o.components.end(),
+            "--preset wan2.2-ti2v-5b: its 48-channel Wan2.2 VAE is not supported by this build; write the "
+            "transformer alone (--components transformer)");
   // The parts must fit together: WanPipeline runs the transformer on the VAE's latents, so its
   // in/out channels follow the VAE's z_dim unless given, and given ones must agree.
   auto has = [&](const char* comp) {

@@ -45,6 +45,25 @@ TEST_CASE("Wan token counts for the real shapes: 1.3B at 480x832 and 14B at 720x
   CHECK(wan_tokens(WanTransformerConfig::preset("wan2.1-t2v-14b"), 21, 90, 160) == 75600);
 }
 
+TEST_CASE("the real shapes' parameter counts equal diffusers' WanTransformer3DModel of the same config") {
+  // sum(p.numel() for p in WanTransformer3DModel(**config).parameters()), diffusers 0.42.1 on the
+  // meta device: 14288491584 for an A14B expert (= Wan2.1 14B), 4999787712 for TI2V-5B.
+  const auto params = [](const std::string& preset) {
+    std::uint64_t n = 0;
+    for (const auto& s : wan_transformer_specs(WanTransformerConfig::preset(preset), DType::BF16)) {
+      std::uint64_t e = 1;
+      for (auto d : s.shape) e *= static_cast<std::uint64_t>(d);
+      n += e;
+    }
+    return n;
+  };
+  CHECK(params("wan2.2-t2v-a14b") == 14288491584ull);
+  CHECK(params("wan2.1-t2v-14b") == 14288491584ull);
+  CHECK(params("wan2.2-ti2v-5b") == 4999787712ull);
+  CHECK(WanTransformerConfig::preset_has_two_experts("wan2.2-t2v-a14b"));
+  CHECK(!WanTransformerConfig::preset_has_two_experts("wan2.2-ti2v-5b"));
+}
+
 TEST_CASE("working memory of one forward, counted by hand for Wan 1.3B bf16 with guidance at 480p") {
   const auto c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
   // L = 32760, D = 1536, ffn 8960, T = 512, text_dim 4096, es = 2, latent 21*60*104 = 131040.

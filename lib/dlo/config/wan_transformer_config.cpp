@@ -84,11 +84,17 @@ WanTransformerConfig WanTransformerConfig::preset(const std::string& name) {
     c.num_attention_heads = 40;
     c.ffn_dim = 13824;
     c.num_layers = 40;
+  } else if (name == "wan2.2-ti2v-5b") {
+    // Wan2.2 TI2V-5B's transformer (its 48-channel Wan2.2 VAE is not in this build).
+    c.num_attention_heads = 24;
+    c.in_channels = c.out_channels = 48;
+    c.ffn_dim = 14336;
+    c.num_layers = 30;
   } else if (name == "wan2.2-a14b-test") {
     c = preset("wan-test");  // a tiny two-expert test model: each expert wan-test's shape
   } else {
     DLO_CHECK(false, "unknown transformer preset '", name,
-              "' (wan-test, wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-t2v-a14b, wan2.2-a14b-test)");
+              "' (wan-test, wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-t2v-a14b, wan2.2-ti2v-5b, wan2.2-a14b-test)");
   }
   return c;
 }
@@ -98,7 +104,7 @@ bool WanTransformerConfig::preset_has_two_experts(const std::string& name) {
 }
 
 std::vector<std::string> WanTransformerConfig::preset_names() {
-  return {"wan-test", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-a14b-test"};
+  return {"wan-test", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b", "wan2.2-a14b-test"};
 }
 
 std::string WanTransformerConfig::to_json() const {

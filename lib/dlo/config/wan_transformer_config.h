@@ -36,7 +36,8 @@ struct WanTransformerConfig {
   static WanTransformerConfig from_json(const JsonConfig& json);
   // "wan-test" (diffusers' model-test config), "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"; and the shape of
   // each expert of the two-expert models "wan2.2-t2v-a14b" (= 14B's) and "wan2.2-a14b-test" (=
-  // wan-test's).
+  // wan-test's); "wan2.2-ti2v-5b": TI2V-5B's transformer (48 latent channels; its Wan2.2 VAE is
+  // not in this build, so it is written without one).
   static WanTransformerConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
   // Whether the preset names a model of two experts (transformer/ and transformer_2/).
