@@ -202,7 +202,11 @@ int make(int argc, char** argv) {
   if (two_experts && std::find(o.components.begin(), o.components.end(), "transformer") != o.components.end() &&
       std::find(o.components.begin(), o.components.end(), "transformer_2") == o.components.end())
     o.components.push_back("transformer_2");
-  if (args.count("boundary-ratio")) o.boundary_ratio = args["boundary-ratio"].as<double>();
+  if (args.count("boundary-ratio")) {
+    DLO_CHECK(std::find(o.components.begin(), o.components.end(), "transformer_2") != o.components.end(),
+              "--boundary-ratio: only with a second expert (transformer_2 in --components, or a wan2.2 A14B preset)");
+    o.boundary_ratio = args["boundary-ratio"].as<double>();
+  }
   DLO_CHECK(args["preset"].as<std::string>() != "wan2.2-ti2v-5b" ||
                 std::find(o.components.begin(), o.components.end(), "vae") == o.components.end(),
             "--preset wan2.2-ti2v-5b: its 48-channel Wan2.2 VAE is not supported by this build; write the "

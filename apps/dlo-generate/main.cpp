@@ -76,6 +76,8 @@ cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
   opts.add_options("test hooks")("fail-job", "this job (manifest index) fails in step --fail-step",
                                  cxxopts::value<std::string>())(
       "fail-step", "see --fail-job", cxxopts::value<std::string>()->default_value("1"))(
+      "fail-block", "with --fail-job: the block it fails at (-1: the step's inputs, before the traversal)",
+      cxxopts::value<std::string>()->default_value("0"))(
       "fail-at-block", "this rank's transfer of that block fails (every pass)", cxxopts::value<std::string>())(
       "fail-io-at-pass", "this rank fails with an I/O error at that pass boundary", cxxopts::value<std::string>())(
       "fail-rank", "the rank of --fail-at-block / --fail-io-at-pass (default: every rank)",
@@ -113,6 +115,7 @@ dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
   if (a.count("fail-job")) {
     go.faults.compute_job = int_flag(a, "fail-job");
     go.faults.compute_step = int_flag(a, "fail-step");
+    go.faults.compute_block = int_flag(a, "fail-block");
   }
   if (a.count("fail-at-block")) go.faults.transfer_block = int_flag(a, "fail-at-block"), go.faults.transfer_rank = rank;
   if (a.count("fail-io-at-pass")) go.faults.io_pass = int_flag(a, "fail-io-at-pass"), go.faults.io_rank = rank < 0 ? 0 : rank;

@@ -58,6 +58,13 @@ index_variant ratio '{"transformer_2": [None, None], "boundary_ratio": 0.9}'
 check "model_index.json: field 'boundary_ratio' is 0.9 but there is no 'transformer_2'" --model "$T/ratio"
 index_variant badratio '{"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 1.5}'
 check "model_index.json: field 'boundary_ratio' is 1.5: expected a number in [0, 1]" --model "$T/badratio"
+index_variant t2bad '{"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 0.875}'
+mkdir "$T/t2bad/transformer_2"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['text_dim']=32; json.dump(j, open(sys.argv[2], 'w'))" \
+  "$T/m/transformer/config.json" "$T/t2bad/transformer_2/config.json"
+check "transformer_2/config.json: field 'text_dim' differs from transformer/'s (32 vs 16): both experts take the same latents and text" --model "$T/t2bad"
+index_variant nullt '{"transformer": None}'
+check "model_index.json: field 'transformer' is null: dlo needs the (high-noise) transformer" --model "$T/nullt"
 check "--guidance-2: applies to models with two experts" --guidance-2 3
 check "--boundary-ratio: applies to models with two experts" --boundary-ratio 0.5
 index_variant ti2v '{"expand_timesteps": True}'

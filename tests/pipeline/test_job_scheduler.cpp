@@ -278,6 +278,7 @@ TEST_CASE("a report survives the exchange's integers") {
   r.current = 7;
   r.steps_done = 12;
   r.next = 9;
+  r.expert = 1;
   std::int64_t w[RankReport::kWords];
   r.encode(w);
   const RankReport b = RankReport::decode(w);
@@ -287,6 +288,7 @@ TEST_CASE("a report survives the exchange's integers") {
   CHECK(b.current == 7);
   CHECK(b.steps_done == 12);
   CHECK(b.next == 9);
+  CHECK(b.expert == 1);
 }
 
 TEST_CASE("two experts: each pass streams exactly the experts its ranks' steps need; ranks on different experts meet") {

@@ -65,6 +65,8 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args):
         experts = ["transformer" if t >= boundary else "transformer_2" for t in pipe.scheduler.timesteps]
         print(f"  diffusers: timesteps {[round(float(t), 1) for t in pipe.scheduler.timesteps]}, boundary {boundary}: "
               f"{experts.count('transformer')} step(s) with transformer, {experts.count('transformer_2')} with transformer_2")
+        # A two-expert case means something only if both experts run.
+        assert 0 < experts.count("transformer") < len(experts), f"the steps do not span both experts: {experts}"
     t0 = time.perf_counter()
     video = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=args.height, width=args.width,
                  num_frames=args.frames, num_inference_steps=args.steps, guidance_scale=guidance,

@@ -448,7 +448,7 @@ std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, 
       e.push_back({f.key, str(number(*job.guidance_2), " has no effect with guidance ", number(job.guidance),
                               ": WanPipeline guides (either expert) only when guidance > 1; set guidance > 1, or "
                               "leave guidance_2 unset"),
-                   /*with_job=*/true});
+                   /*with_job=*/true, "guidance"});
       continue;
     }
     if (f.key == "height" || f.key == "width") {
@@ -526,8 +526,9 @@ std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
   const NoiseSchedulerConfig s = job_scheduler_config(job, info);
   return str("prompt: ", job.prompt, "; negative prompt: ", job.guided() ? job.negative_prompt : "(none: no guidance)",
              "; seed ", job.seed, "; ", job.steps, " steps; guidance ", number(job.guidance),
-             info.two_experts() ? str(" (low-noise expert ", number(job.guidance_2.value_or(job.guidance)),
-                                      "; experts switch at boundary ratio ",
+             info.two_experts() ? str(job.guided() ? str(" (low-noise expert ", number(job.guidance_2.value_or(job.guidance)), ";")
+                                                   : std::string(" ("),
+                                      " experts switch at boundary ratio ",
                                       number(job.boundary_ratio.value_or(info.boundary_ratio.value_or(0))), ")")
                                 : std::string(),
              "; scheduler ",

@@ -136,9 +136,12 @@ JobSpec resolve_job(const std::vector<const std::map<std::string, JobFieldValue>
 struct FieldError {
   std::string field;    // the job's key, e.g. "height"
   std::string message;  // what is wrong and why, without the field name
-  // The value is wrong only beside another of the job's values (guidance_2 > 1 with guidance <= 1):
-  // reported at the job even where the value came from defaults or flags.
+  // The value is wrong only beside another of the job's values, `beside` (guidance_2 > 1 with
+  // guidance <= 1): reported at the job even where the value came from defaults or flags; a
+  // manifest drops it where the value comes from a less specific layer than `beside`'s (defaults'
+  // guidance_2 beside a job's own guidance 1: the job turned guidance off, nothing to refuse).
   bool with_job = false;
+  std::string beside;
 };
 
 // The file in a model folder that says which settings the model was made for (a model trained

@@ -120,7 +120,7 @@ ModelIndex check_model_index(const JsonConfig& j) {
               "'; dlo renders diffusers' WanPipeline (Wan text-to-video) folders");
   }
   ModelIndex m;
-  if (j.has("transformer"))
+  if (j.find("transformer") != nullptr)  // (has() reads a null as absent)
     DLO_CHECK(component_listed(j, "transformer"), f, ": field 'transformer' is ", j.dump("transformer"),
               ": dlo needs the (high-noise) transformer; a folder with transformer_2 alone is not supported");
   m.transformer_2 = component_listed(j, "transformer_2");

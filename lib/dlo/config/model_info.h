@@ -27,12 +27,12 @@ struct ModelInfo {
   WanVaeConfig vae;
   Umt5Config text_encoder;
   NoiseSchedulerConfig scheduler;
-  // Height and width must be multiples of this (VAE spatial factor x transformer patch), frames
-  // of the form temporal * k + 1.
   bool two_experts() const { return transformer_2.has_value(); }
   // The experts' folder names ("transformer", then "transformer_2" for two experts) and configs.
   std::vector<std::string> expert_dirs() const;
   std::vector<WanTransformerConfig> expert_configs() const;
+  // Height and width must be multiples of this (VAE spatial factor x transformer patch), frames
+  // of the form temporal * k + 1.
   std::int64_t spatial_multiple() const;
   std::int64_t temporal_factor() const;
   // Latent shape [1, C, (frames - 1) / temporal + 1, height / spatial, width / spatial].

@@ -75,9 +75,10 @@ Kept kept_by(const StrategyChoice& c, const StackSize& s) {
   return k;
 }
 
-// What choose_strategy is given as the working memory: on the CPU the host also holds the decode.
-std::uint64_t working_for_choice(const JobMemory& m, const MemoryBudget& b) {
-  return b.device_is_host ? sat_add(m.working, m.decode) : m.working;
+// What choose_strategy is given as the working memory: the weights outside the blocks, which stay
+// on the device, and one step's activations; on the CPU the host also holds the decode.
+std::uint64_t working_for_choice(const JobMemory& m, const MemoryBudget& b, const StackSize& s) {
+  return sat_add(s.resident_bytes, b.device_is_host ? sat_add(m.working, m.decode) : m.working);
 }
 
 }  // namespace
@@ -97,8 +98,20 @@ JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType 
   return m;
 }
 
+std::uint64_t wan_non_block_bytes(const WanTransformerConfig& c, at::ScalarType dtype) {
+  std::uint64_t total = 0;
+  for (const auto& spec : wan_transformer_specs(c, DType::F32)) {
+    if (spec.name.rfind("blocks.", 0) == 0) continue;
+    std::uint64_t numel = 1;
+    for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
+    total = sat_add(total, sat_mul(numel, dtype_size(packed(wan_weight_dtype(spec.name, dtype)))));
+  }
+  return total;
+}
+
 StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype, int ranks) {
   StackSize s;
+  s.resident_bytes = wan_non_block_bytes(c, dtype);
   s.ranks = std::max(1, ranks);
   const auto n = static_cast<std::uint64_t>(s.ranks);
   std::uint64_t block = 0;
@@ -122,7 +135,7 @@ std::string job_memory_problem(const StrategyChoice& choice, const StackSize& st
   const Kept k = kept_by(choice, stack);
   const char* name = strategy_name(choice.strategy);
   if (b.device_is_host) {
-    const std::uint64_t per_rank = sat_add(job.working, job.decode);
+    const std::uint64_t per_rank = sat_add(sat_add(job.working, job.decode), stack.resident_bytes);
     if (choice.strategy == Strategy::kResident) {
       // The blocks are the page cache, one copy for the node; every rank adds its own work.
       const auto rpn = static_cast<std::uint64_t>(std::max(1, b.ranks_per_node));
@@ -140,7 +153,7 @@ std::string job_memory_problem(const StrategyChoice& choice, const StackSize& st
                " each rank keeps for the weights (", name, "): more than the ", human_bytes(b.host), " per rank (",
                b.host_why, ")");
   }
-  const std::uint64_t device_need = sat_add(sat_add(k.device, k.slots), job.working);
+  const std::uint64_t device_need = sat_add(sat_add(sat_add(k.device, k.slots), job.working), stack.resident_bytes);
   if (!fits_budget(device_need, b.device))
     return str("one step needs about ", human_bytes(job.working), " of working memory on the device beside ",
                human_bytes(sat_add(k.device, k.slots)), " of weights there (", name, "): more than the device budget ",
@@ -160,7 +173,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
   std::set<std::uint64_t, std::greater<>> candidates;
   for (const auto& j : jobs) {
     mem.push_back(job_memory(model, j, dtype));
-    candidates.insert(working_for_choice(mem.back(), budget));
+    candidates.insert(working_for_choice(mem.back(), budget, stack));
   }
   if (candidates.empty()) candidates.insert(0);  // nothing to render: the weights alone decide
   // The strategy for the largest job that leaves one: a job too large for every strategy must not
@@ -180,7 +193,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
   if (!chosen) {
     std::size_t smallest = 0;
     for (std::size_t i = 1; i < jobs.size(); ++i)
-      if (working_for_choice(mem[i], budget) < working_for_choice(mem[smallest], budget)) smallest = i;
+      if (working_for_choice(mem[i], budget, stack) < working_for_choice(mem[smallest], budget, stack)) smallest = i;
     throw Error(jobs.empty() ? last_error
                              : str("no job of the batch fits in memory; the smallest, job ", smallest, " ('",
                                    jobs[smallest].id, "'), needs about ", human_bytes(mem[smallest].working),
@@ -203,6 +216,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
   p.kept_per_rank = k.host;
   p.device_shards = p.choice.strategy == Strategy::kResident ? 0 : k.device;
   p.slots = k.slots;
+  p.resident = stack.resident_bytes;
   std::uint64_t working = 0;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     if (std::find(p.refused.begin(), p.refused.end(), static_cast<std::int64_t>(i)) != p.refused.end()) continue;
@@ -212,9 +226,9 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
   p.working = working;
   p.text_encoder = safetensors_bytes_in(model.dir + "/text_encoder");
   p.vae = safetensors_bytes_in(model.dir + "/vae");
-  p.host_per_rank = sat_add(sat_add(p.kept_per_rank, p.decode), budget.device_is_host
-                                                                     ? sat_add(sat_add(p.device_shards, p.slots), working)
-                                                                     : 0);
+  p.host_per_rank = sat_add(sat_add(p.kept_per_rank, p.decode),
+                            budget.device_is_host ? sat_add(sat_add(sat_add(p.device_shards, p.slots), working), p.resident)
+                                                  : 0);
   p.shared_per_node = sat_add(sat_add(p.text_encoder, p.vae),
                               budget.device_is_host && p.choice.strategy == Strategy::kResident ? p.blocks_bytes : 0);
   return p;
@@ -227,7 +241,9 @@ std::string BatchMemoryPlan::describe() const {
                       human_bytes(largest_block), ")\n",
                       "  kept per rank        ", human_bytes(kept_per_rank), " on the host",
                       device_shards ? str(", ", human_bytes(device_shards), " on the device") : std::string(), "\n",
-                      "  slots per rank       ", human_bytes(slots), experts > 1 ? str(" (", 2 * experts, " slots: 2 per expert)") : std::string(), "\n",
+                      "  slots per rank       ", human_bytes(slots), experts > 1 && slots > 0 ? str(" (", 2 * experts, " slots: 2 per expert)") : std::string(), "\n",
+                      "  outside the blocks   ", human_bytes(resident), " (embeddings and head",
+                      experts > 1 ? ", every expert's" : "", ", on the device)\n",
                       "  working (largest)    ", human_bytes(working), " per denoising step\n",
                       "  VAE decode (est.)    ", human_bytes(decode), "\n",
                       "  text encoder         ", human_bytes(text_encoder), " (mmap, shared by a node's ranks)\n",

@@ -28,7 +28,11 @@ JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType 
 // The transformer's block stack as the engine will plan it for `ranks` ranks (packed in the dtypes
 // the blocks compute in, tensors aligned, shards rounded up): equal to stack_size(StackPlan) of a
 // checkpoint with this config, from the config alone.
+// resident_bytes: the weights outside the blocks (wan_non_block_bytes).
 StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype, int ranks);
+// The transformer's weights outside its blocks (patch and text embeddings, time embedding and
+// projection, output head) in the dtypes it computes them in: what every rank keeps on its device.
+std::uint64_t wan_non_block_bytes(const WanTransformerConfig& c, at::ScalarType dtype);
 
 // Whether one job can run next to the weights with a strategy already chosen; "" when it fits,
 // else why not, with the figures. The same rule choose_strategy applies when it chooses.
@@ -48,6 +52,7 @@ struct BatchMemoryPlan {
   std::uint64_t kept_per_rank = 0;    // host shards (dlo, mixed), the whole stack (layerwise)
   std::uint64_t device_shards = 0;    // shards kept in device memory (device-shards, mixed)
   std::uint64_t slots = 0;            // two slots of the largest block (streamed strategies)
+  std::uint64_t resident = 0;         // the weights outside the blocks (every expert's), on the device
   std::uint64_t decode = 0;           // the largest VAE decode
   std::uint64_t text_encoder = 0;     // its checkpoint (mmap pages, shared by a node's ranks)
   std::uint64_t vae = 0;              // its checkpoint

@@ -37,6 +37,7 @@ StackSize join_stacks(const std::vector<StackSize>& parts) {
     s.block_bytes.insert(s.block_bytes.end(), p.block_bytes.begin(), p.block_bytes.end());
     s.shard_bytes.insert(s.shard_bytes.end(), p.shard_bytes.begin(), p.shard_bytes.end());
     s.slot_bytes = std::max(s.slot_bytes, p.slot_bytes);
+    s.resident_bytes = sat_add(s.resident_bytes, p.resident_bytes);
     s.stack_blocks.push_back(static_cast<std::int64_t>(p.block_bytes.size()));
   }
   if (parts.size() == 1) s.stack_blocks.clear();

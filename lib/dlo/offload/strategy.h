@@ -30,6 +30,10 @@ struct StackSize {
   std::uint64_t slot_bytes = 0;            // one device slot (the largest of the stacks')
   int ranks = 1;
   std::vector<std::int64_t> stack_blocks;  // blocks of each joined stack (empty: one stack)
+  // Weights outside the blocks that stay on the compute device whatever the strategy (a Wan
+  // transformer's embeddings and output head, every expert's: ~0.47 GB each for A14B in bf16).
+  // Counted beside the working memory; 0 when not known (tests by hand).
+  std::uint64_t resident_bytes = 0;
   std::uint64_t total() const;
   std::uint64_t shards_total() const;
   int stacks() const { return stack_blocks.empty() ? 1 : static_cast<int>(stack_blocks.size()); }
@@ -38,7 +42,7 @@ struct StackSize {
 };
 StackSize stack_size(const StackPlan& plan);
 // `parts` (planned for the same ranks) as one: blocks in order, slot_bytes the largest, one entry
-// of stack_blocks per part.
+// of stack_blocks per part, resident_bytes summed.
 StackSize join_stacks(const std::vector<StackSize>& parts);
 
 // The one rule of every memory check (auto's choice and the per-job check): `need` fits `budget`

@@ -59,7 +59,8 @@ struct PassDecision {
   bool traverse = false;         // some rank computes: every rank makes one traversal
   // Which experts the traversal streams (bit e: expert e), in expert order: those some rank's
   // step runs. Every rank traverses each of them, computing in its own expert's and joining the
-  // other's gathers as a ghost, so ranks on different experts never wait on each other.
+  // other's gathers as a ghost (their blocks traversed together), so ranks on different experts
+  // both compute in the same pass.
   unsigned experts = 0;
   std::vector<JobAssignment> assignments;  // jobs handed out at this boundary
   std::vector<std::int64_t> rank_job;      // per rank: the job it computes in this pass (-1: none)

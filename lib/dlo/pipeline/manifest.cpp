@@ -641,6 +641,18 @@ std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const Mode
     };
     for (const FieldError& fe : validate_job(job, model, manifest.formats)) {
       const ManifestFieldSource s = source(fe.field);
+      // How specific a layer is (the precedence: the job's, the command line, defaults, the model's).
+      const auto rank = [](ManifestFieldSource::Kind k) {
+        switch (k) {
+          case ManifestFieldSource::kJob: return 4;
+          case ManifestFieldSource::kFlag: return 3;
+          case ManifestFieldSource::kDefaults: return 2;
+          case ManifestFieldSource::kModel: return 1;
+          case ManifestFieldSource::kBuiltIn: break;
+        }
+        return 0;
+      };
+      if (!fe.beside.empty() && rank(s.kind) < rank(source(fe.beside).kind)) continue;
       if (fe.with_job) {
         const bool at_key = s.kind == ManifestFieldSource::kJob;
         out.push_back({manifest.path, ji, job.id, fe.field, fe.message, at_key ? s.line : entry_line,

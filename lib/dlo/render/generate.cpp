@@ -218,9 +218,11 @@ class BatchRun {
     // The same block layout everywhere (every expert's).
     std::uint64_t layout = 0;
     std::vector<StackSize> sizes;
-    for (const auto& r : runners_) {
-      layout = layout * 1000003u ^ r->plan().fingerprint();
-      sizes.push_back(stack_size(r->plan()));
+    const std::vector<WanTransformerConfig> configs = model_.expert_configs();
+    for (std::size_t e = 0; e < runners_.size(); ++e) {
+      layout = layout * 1000003u ^ runners_[e]->plan().fingerprint();
+      sizes.push_back(stack_size(runners_[e]->plan()));
+      sizes.back().resident_bytes = wan_non_block_bytes(configs[e], o_.dtype);
     }
     (void)agree_wave(world_, 0, layout);
     const StackSize stack = join_stacks(sizes);
@@ -413,7 +415,7 @@ class BatchRun {
     JobRun& run = *current_.run;
     const FaultHooks& f = o_.faults;
     const BlockHook hook = run.job.index == f.compute_job ? BlockHook([&](std::int64_t step, std::int64_t block) {
-      DLO_CHECK(!(step == f.compute_step && block == 0), "injected failure (test hook)");
+      DLO_CHECK(!(step == f.compute_step && block == f.compute_block), "injected failure (test hook)");
     })
                                                           : BlockHook();
     try {

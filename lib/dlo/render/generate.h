@@ -42,6 +42,7 @@ class MpiWorld;
 // Test hooks that make a part fail on purpose (the fault tests). -1: never.
 struct FaultHooks {
   std::int64_t compute_job = -1, compute_step = -1;  // the job (manifest index) fails in that step (from 1)
+  std::int64_t compute_block = 0;                    // ... at that block (-1: the step's inputs, before the traversal)
   std::int64_t transfer_block = -1;                  // this block's transfer fails ...
   int transfer_rank = -1;                            // ... on this rank (-1: every rank)
   std::int64_t io_pass = -1;                         // at this pass boundary ...

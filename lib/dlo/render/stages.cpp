@@ -96,6 +96,7 @@ void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, c
   try {
     i = run.scheduler->step_index();
     guidance = run.guidance_now();
+    if (hook) hook(i + 1, -1);
     const at::Tensor x = run.latents.to(dtype);
     const at::Tensor t = run.scheduler->timesteps()[i].to(x.device()).expand({x.size(0)});
     branches.push_back({x, t, run.context});

@@ -86,8 +86,9 @@ at::Tensor frames_to_uint8(const at::Tensor& chunk);
 void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model, at::ScalarType dtype,
                  c10::Device device);
 
-// Called inside the traversal, before block `block` of step `step` (from 1) computes: a test hook
-// that may throw to make the job's computation fail there.
+// Called inside the traversal, before block `block` of step `step` (from 1) computes, and with block
+// -1 before the traversal, among the step's inputs: a test hook that may throw to make the job's
+// computation fail there.
 using BlockHook = std::function<void(std::int64_t step, std::int64_t block)>;
 
 // denoise: one step of WanPipeline's loop for `run`, through `runner`, which must be the runner of
