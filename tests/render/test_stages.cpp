@@ -9,6 +9,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
@@ -198,4 +200,52 @@ TEST_CASE("a step whose computation fails throws BlockComputeError after a compl
   dlo::prepare_job(next, text, info, at::kFloat, at::kCPU);
   dlo::denoise_step(runner, next, at::kFloat);
   CHECK(next.latents.isfinite().all().item<bool>());
+}
+
+TEST_CASE("two experts: the expert of a step at the boundary's edges, compared in fp32 as WanPipeline's t >= boundary") {
+  dlo::ModelInfo info;
+  info.dir = "m";
+  info.transformer = dlo::WanTransformerConfig::preset("wan-test");
+  info.transformer_2 = info.transformer;
+  for (const char* kind : {"unipc", "euler"}) {
+    CAPTURE(kind);
+    dlo::BatchJob bj;
+    bj.spec.steps = 6;
+    bj.spec.guidance = 4.0;
+    bj.spec.guidance_2 = 2.5;
+    bj.spec.scheduler = dlo::parse_noise_scheduler_kind(kind);
+    dlo::JobRun run(bj, info, 0);
+    run.scheduler = dlo::make_noise_scheduler(dlo::job_scheduler_config(bj.spec, info));
+    run.scheduler->set_timesteps(6);
+    const at::Tensor ts = run.scheduler->timesteps();
+    const auto t = [&](int i) { return static_cast<float>(ts[i].item<double>()); };
+    // Walks the run's scheduler through its steps and collects each step's expert.
+    const auto experts_with = [&](float boundary) {
+      run.scheduler->set_timesteps(6);
+      run.steps_done = 0;
+      run.boundary_timestep = boundary;
+      std::vector<int> e;
+      at::Tensor x = at::zeros({1, 4, 1, 2, 2});
+      for (int i = 0; i < 6; ++i) {
+        e.push_back(run.expert());
+        x = run.scheduler->step(at::zeros_like(x), x);
+        ++run.steps_done;
+      }
+      return e;
+    };
+    // A boundary equal to step 2's timestep: step 2 is still the high-noise expert's (>=).
+    CHECK(experts_with(t(2)) == std::vector<int>{0, 0, 0, 1, 1, 1});
+    // The next float above it: step 2 goes to the low-noise expert.
+    CHECK(experts_with(std::nextafter(t(2), 2000.0f)) == std::vector<int>{0, 0, 1, 1, 1, 1});
+    CHECK(experts_with(0.0f) == std::vector<int>(6, 0));      // ratio 0: transformer/ only
+    CHECK(experts_with(1001.0f) == std::vector<int>(6, 1));   // above every timestep: transformer_2/ only
+    // The guidance follows the expert.
+    run.scheduler->set_timesteps(6);
+    run.steps_done = 0;
+    run.boundary_timestep = t(0);
+    run.guidance_2 = 2.5;
+    CHECK(run.guidance_now() == 4.0);
+    run.boundary_timestep = 1001.0f;
+    CHECK(run.guidance_now() == 2.5);
+  }
 }
