@@ -90,19 +90,29 @@ print(h["frames"]["shape"], "distinct byte values", len(set(d)))
 sys.exit(0 if len(set(d)) > 1 else 1)
 PY
 }
-# Two experts (Wan2.2 A14B's shape, tiny): a job whose steps span both experts at 1 rank (resident)
-# and at 2 ranks on the one GPU (dlo over NCCL): the same frames, byte for byte.
+# Two experts (Wan2.2 A14B's shape, tiny): two jobs whose steps span both experts and whose ranks
+# meet on different experts in pass 2 (fox's step 2 runs transformer/, owl's transformer_2/: their
+# blocks are traversed together, two NCCL communicators back to back), at 1 rank (resident) and at
+# 2 ranks on the one GPU (dlo over NCCL): the same frames per job, byte for byte.
 experts() {
   "$B/bin/dlo-checkpoint" make "$W/a14b" --preset wan2.2-a14b-test --layers 3 --in-channels 16 --out-channels 16 \
     --dtype bf16 --shard-size 50KB >/dev/null || return 1
-  local args=(--model "$W/a14b" --prompt "a red fox" --steps 4 --height 32 --width 48 --frames 5 --guidance 4
-              --guidance-2 3 --device "$DEVARG" --seed 7 --report)
-  mpirun_ -np 1 "$B/bin/dlo-generate-bare" "${args[@]}" "$W/rep_experts1.json" --offload resident \
-    --out "$W/experts1.safetensors" || return 1
-  mpirun_nccl2 "$B/bin/dlo-generate-bare" "${args[@]}" "$W/rep_experts2.json" --offload dlo \
-    --out "$W/experts2.safetensors" || return 1
+  cat >"$W/experts.yaml" <<YAML
+model: a14b
+defaults: {frames: 5, height: 32, width: 48, seed: 7, guidance: 4.0, guidance_2: 3.0}
+jobs:
+  - {id: fox, prompt: "a red fox", steps: 6}
+  - {id: owl, prompt: "an owl", steps: 3, boundary_ratio: 0.95}
+YAML
+  mpirun_ -np 1 "$B/bin/dlo-generate-bare" --jobs "$W/experts.yaml" --output-dir "$W/experts1" --device "$DEVARG" \
+    --offload resident --report "$W/rep_experts1.json" || return 1
+  mpirun_nccl2 "$B/bin/dlo-generate-bare" --jobs "$W/experts.yaml" --output-dir "$W/experts2" --device "$DEVARG" \
+    --offload dlo --report "$W/rep_experts2.json" || return 1
   grep -o '"choice": "[^"]*"' "$W/rep_experts2.json"
-  cmp "$W/experts1.safetensors" "$W/experts2.safetensors" && echo "frames identical at 1 and 2 ranks"
+  grep -o '"passes_streaming_both_experts": [0-9]*' "$W/rep_experts2.json" | head -1
+  grep -q '"passes_streaming_both_experts": [1-9]' "$W/rep_experts2.json" || { echo "no pass on both experts"; return 1; }
+  for id in fox owl; do cmp "$W/experts1/$id.safetensors" "$W/experts2/$id.safetensors" || return 1; done
+  echo "frames identical at 1 and 2 ranks"
 }
 bench() {
   "$B/bin/dlo-checkpoint" make "$W/big$1" --preset wan2.1-t2v-1.3b --layers "$1" --dtype bf16 --components transformer >/dev/null || return 1
