@@ -93,7 +93,7 @@ for np in 2 3; do
   rm -rf "$T/out"; mpirun -np $np "${GEN[@]}" --jobs "$T/drift.yaml" --offload dlo --report "$T/drift$np.json"
   [ "$(shas)" = "$drift1" ] || fail "drifting batch at $np ranks: $(shas) vs $drift1"
   both=$(grep -o '"passes_streaming_both_experts": [0-9]*' "$T/drift$np.json" | head -1 | grep -o '[0-9]*$')
-  [ "$both" -ge 2 ] || fail "drifting batch at $np ranks: $both passes on both experts"
+  [ "$both" -ge 1 ] || fail "drifting batch at $np ranks: $both passes on both experts"
   echo "ok: a drifting batch at $np ranks: $both passes on both experts, frames identical to 1 rank"
 done
 

@@ -96,6 +96,9 @@ class BlockComputeError : public Error {
 
 // `stats` as a JSON object ({"strategy", "host_bytes", ..., "pack_s"}), for the tools' reports.
 std::string engine_stats_json(const EngineStats& stats);
+// Several engines of one rank (the experts') as its totals: bytes and waits summed, slot_bytes the
+// largest, strategy names joined with '+' where they differ. `all` not empty.
+EngineStats sum_engine_stats(const std::vector<EngineStats>& all);
 
 class BlockEngine {
  public:

@@ -81,6 +81,13 @@ std::uint64_t working_for_choice(const JobMemory& m, const MemoryBudget& b, cons
   return sat_add(s.resident_bytes, b.device_is_host ? sat_add(m.working, m.decode) : m.working);
 }
 
+// A tensor's bytes in the dtype the transformer computes it in (wan_weight_dtype).
+std::uint64_t computed_bytes(const TensorSpec& spec, at::ScalarType dtype) {
+  std::uint64_t numel = 1;
+  for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
+  return sat_mul(numel, dtype_size(packed(wan_weight_dtype(spec.name, dtype))));
+}
+
 }  // namespace
 
 JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype) {
@@ -100,12 +107,8 @@ JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType 
 
 std::uint64_t wan_non_block_bytes(const WanTransformerConfig& c, at::ScalarType dtype) {
   std::uint64_t total = 0;
-  for (const auto& spec : wan_transformer_specs(c, DType::F32)) {
-    if (spec.name.rfind("blocks.", 0) == 0) continue;
-    std::uint64_t numel = 1;
-    for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
-    total = sat_add(total, sat_mul(numel, dtype_size(packed(wan_weight_dtype(spec.name, dtype)))));
-  }
+  for (const auto& spec : wan_transformer_specs(c, DType::F32))
+    if (spec.name.rfind("blocks.", 0) != 0) total = sat_add(total, computed_bytes(spec, dtype));
   return total;
 }
 
@@ -115,12 +118,8 @@ StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype,
   s.ranks = std::max(1, ranks);
   const auto n = static_cast<std::uint64_t>(s.ranks);
   std::uint64_t block = 0;
-  for (const auto& spec : wan_block_specs(c, DType::F32)) {
-    const DType d = packed(wan_weight_dtype(spec.name, dtype));
-    std::uint64_t numel = 1;
-    for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
-    block = sat_add(sat_round_up(block, kTensorAlign), sat_mul(numel, dtype_size(d)));
-  }
+  for (const auto& spec : wan_block_specs(c, DType::F32))
+    block = sat_add(sat_round_up(block, kTensorAlign), computed_bytes(spec, dtype));
   const std::uint64_t shard = sat_round_up(sat_add(block, n - 1) / n, kShardAlign);
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     s.block_bytes.push_back(block);

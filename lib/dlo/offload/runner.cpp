@@ -43,6 +43,26 @@ std::string engine_stats_json(const EngineStats& s) {
       .dump();
 }
 
+EngineStats sum_engine_stats(const std::vector<EngineStats>& all) {
+  EngineStats t = all.at(0);
+  for (std::size_t e = 1; e < all.size(); ++e) {
+    const EngineStats& s = all[e];
+    t.host_bytes += s.host_bytes;
+    t.pinned_bytes += s.pinned_bytes;
+    t.device_shard_bytes += s.device_shard_bytes;
+    t.slot_bytes = std::max(t.slot_bytes, s.slot_bytes);
+    t.device_bytes += s.device_bytes;
+    t.blocks_acquired += s.blocks_acquired;
+    t.bytes_streamed += s.bytes_streamed;
+    t.h2d_bytes += s.h2d_bytes;
+    t.bytes_gathered += s.bytes_gathered;
+    t.exposed_wait_s += s.exposed_wait_s;
+    t.pack_s += s.pack_s;
+    if (s.strategy != t.strategy) t.strategy += "+" + s.strategy;
+  }
+  return t;
+}
+
 OffloadStack::OffloadStack(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
                            const std::function<DType(const std::string&)>& packed_dtype, int ranks)
     : plan_(std::make_unique<StackPlan>(ck, blocks, packed_dtype, ranks)) {}

@@ -122,27 +122,6 @@ struct Slot {
   std::shared_ptr<std::atomic<bool>> ready = std::make_shared<std::atomic<bool>>(false);
 };
 
-// The engines of several experts as one rank's totals (memory, traffic, waits).
-EngineStats sum_stats(const std::vector<EngineStats>& all) {
-  EngineStats t = all.at(0);
-  for (std::size_t e = 1; e < all.size(); ++e) {
-    const EngineStats& s = all[e];
-    t.host_bytes += s.host_bytes;
-    t.pinned_bytes += s.pinned_bytes;
-    t.device_shard_bytes += s.device_shard_bytes;
-    t.slot_bytes = std::max(t.slot_bytes, s.slot_bytes);
-    t.device_bytes += s.device_bytes;
-    t.blocks_acquired += s.blocks_acquired;
-    t.bytes_streamed += s.bytes_streamed;
-    t.h2d_bytes += s.h2d_bytes;
-    t.bytes_gathered += s.bytes_gathered;
-    t.exposed_wait_s += s.exposed_wait_s;
-    t.pack_s += s.pack_s;
-    if (s.strategy != t.strategy) t.strategy += "+" + s.strategy;
-  }
-  return t;
-}
-
 // The agreed memory plan (collective; a refusal is the same error on every rank).
 BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
                                   const GenerateOptions& o, const WaveDevice& dev, const StackSize& stack) {
@@ -511,7 +490,7 @@ class BatchRun {
                  {"rss_kb_at_start", at_start_.rss_kb},
                  {"rss_kb", end.rss_kb},
                  {"rss_peak_kb", end.hwm_kb}};
-    mine.update(ojson::parse(engine_stats_json(sum_stats(es))));
+    mine.update(ojson::parse(engine_stats_json(sum_engine_stats(es))));
     if (es.size() > 1) {
       // Per expert: what each engine kept and streamed, and the passes that streamed both.
       ojson per = ojson::array();
