@@ -110,13 +110,14 @@ set +e
 mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --fail-job 1 --fail-step 2
 rc=$?
 set -e
-[ "$rc" = 3 ] || fail "a failed job: exit $rc, want 3"
+[ "$rc" = 3 ] || fail "a failed job: exit $rc, want 3; results: $(cat "$T/out/results.jsonl" 2>&1)"
 grep -q '"id":"owl","index":1,"status":"failed","error":"job 1 (.owl.): denoising step 2: .*injected failure' \
   "$T/out/results.jsonl" || fail "no error line: $(cat "$T/out/results.jsonl")"
-[ "$(grep -c '"status":"ok"' "$T/out/results.jsonl")" = 3 ] && [ ! -e "$T/out/owl.mp4" ] || fail "others not done"
+[ "$(grep -c '"status":"ok"' "$T/out/results.jsonl")" = 3 ] && [ ! -e "$T/out/owl.mp4" ] ||
+  fail "others not done: $(cat "$T/out/results.jsonl"; ls -l "$T/out")"
 mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml"  # the rerun renders the failed job only
 [ "$(grep -c '"status":"ok"' "$T/out/results.jsonl")" = 4 ] && [ "$(sha_of "$T/out/results.jsonl" owl)" = "$ref_owl" ] \
-  || fail "rerun after a failure"
+  || fail "rerun after a failure: $(cat "$T/out/results.jsonl")"
 echo "ok: a failed job is recorded, the batch goes on (exit 3); a rerun renders only it"
 
 # A longer batch for the interruptions: 16 jobs of 60 steps.
