@@ -50,10 +50,25 @@ WanVaeConv random_conv(std::int64_t out, std::int64_t in, std::int64_t kt, std::
 }  // namespace
 
 TEST_CASE("config.json errors name the file and the field") {
-  CHECK(vae_config_error(R"({"is_residual": true})") ==
-        "vae/config.json: field 'is_residual' is true (the Wan2.2 VAE); only the Wan2.1 VAE is supported");
-  CHECK(has_text(vae_config_error(R"({"patch_size": 2})"), "vae/config.json: field 'patch_size' is 2 (the Wan2.2 VAE)"));
-  CHECK(has_text(vae_config_error(R"({"clip_output": true})"), "vae/config.json: unknown field 'clip_output'"));
+  // Wan2.2's fields: a patch needs channels that pack into it and the spatial factor it adds.
+  CHECK(vae_config_error(R"({"patch_size": 2})") ==
+        "vae/config.json: field 'in_channels' (3) must be a multiple of patch_size^2 (4): patchify packs each "
+        "channel's 2x2 pixels into channels");
+  CHECK(has_text(vae_config_error(R"({"patch_size": 2, "in_channels": 12})"),
+                 "field 'out_channels' (3) must be a multiple of patch_size^2 (4)"));
+  CHECK(has_text(vae_config_error(R"({"patch_size": 2, "in_channels": 12, "out_channels": 12, "scale_factor_spatial": 8})"),
+                 "field 'scale_factor_spatial' is 8, but dim_mult (3 spatial up/downsamplings) and patch_size (2) give 16"));
+  CHECK(has_text(vae_config_error(R"({"patch_size": 0})"), "field 'patch_size' must be null or 1 to 16, got 0"));
+  CHECK(has_text(vae_config_error(R"({"patch_size": "2"})"), "field 'patch_size' must be an integer"));
+  CHECK(has_text(vae_config_error(R"({"is_residual": "yes"})"), "field 'is_residual'"));
+  CHECK(has_text(vae_config_error(R"({"clip_output": 1})"), "field 'clip_output'"));
+  CHECK(has_text(vae_config_error(R"({"clip_true": true})"), "vae/config.json: unknown field 'clip_true'"));
+  // AvgDown3D / DupUp3D regroup channels: 4 to 12 cannot average, nor 16 to 2 (x 4 pixels) repeat
+  // (the encoder's stage 2 halves time, so 1 -> 8 channels pass there, but the decoder's does not).
+  CHECK(has_text(vae_config_error(R"({"is_residual": true, "base_dim": 4, "dim_mult": [1, 3], "temperal_downsample": [false]})"),
+                 "encoder down block 1: its AvgDown3D shortcut needs 4 channels x 1 divisible by 12"));
+  CHECK(has_text(vae_config_error(R"({"is_residual": true, "base_dim": 2, "dim_mult": [1, 1, 8, 8], "temperal_downsample": [false, false, true]})"),
+                 "decoder up block 2: its DupUp3D shortcut needs 2 channels x 4 divisible by 16"));
   CHECK(vae_config_error(R"({"z_dim": "sixteen"})") == "vae/config.json: field 'z_dim' must be an integer, got \"sixteen\"");
   CHECK(vae_config_error(R"({"z_dim": 4})") == "vae/config.json: field 'latents_mean' has 16 entries, z_dim is 4");
   CHECK(has_text(vae_config_error(R"({"latents_std": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,0]})"),
@@ -71,7 +86,7 @@ TEST_CASE("config.json errors name the file and the field") {
   }
   CHECK(has_text(vae_config_error(R"({"dim_mult": [1, 2, 4]})"), "'temperal_downsample' has 3 entries"));
   CHECK(has_text(vae_config_error(R"({"dim_mult": [1, 2, 4], "temperal_downsample": [true, true], "scale_factor_spatial": 8})"),
-                 "field 'scale_factor_spatial' is 8, but dim_mult (2 spatial up/downsamplings) gives 4"));
+                 "field 'scale_factor_spatial' is 8, but dim_mult (2 spatial up/downsamplings) and patch_size (1) give 4"));
   CHECK(has_text(vae_config_error(R"({"base_dim": 1, "dim_mult": [1, 1, 1, 1]})"),
                  "decoder up block 0 has 1 channels; its upsampler's dim // 2 would be 0"));
   CHECK(has_text(vae_config_error(R"({"num_res_blocks": 0})"), "field 'num_res_blocks' must be a positive integer, got 0"));
@@ -83,12 +98,15 @@ TEST_CASE("config.json errors name the file and the field") {
   CHECK(derived.scale_factor_spatial == 4);
   CHECK(derived.scale_factor_temporal == 2);
   CHECK(derived.output_frames(3) == 5);
+  const auto derived22 = WanVaeConfig::from_json(JsonConfig::parse(
+      R"({"is_residual": true, "patch_size": 2, "in_channels": 12, "out_channels": 12, "scale_factor_spatial": null})", "x"));
+  CHECK(derived22.scale_factor_spatial == 16);
   // diffusers writes nulls for unset optional fields, and private "_" keys.
   CHECK(vae_config_error(R"({"decoder_base_dim": null, "patch_size": null, "is_residual": false, "_name_or_path": "x",
                          "scale_factor_temporal": null})") == "(no error)");
 }
 
-TEST_CASE("the Wan2.1 VAE's own config.json reads as the wan2.1-vae preset, and presets round-trip") {
+TEST_CASE("the Wan2.1 and Wan2.2 VAEs' own configs read as their presets, and presets round-trip") {
   // vae/config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (written by diffusers 0.33, before the
   // scale_factor_* and Wan2.2 fields existed).
   const std::string hub = R"({
@@ -106,6 +124,25 @@ TEST_CASE("the Wan2.1 VAE's own config.json reads as the wan2.1-vae preset, and 
   CHECK(c.decoder_dims() == std::vector<std::int64_t>{384, 384, 384, 192, 96});
   CHECK(c.output_frames(21) == 81);
   CHECK(c.output_frames(1) == 1);
+  // The Wan2.2 VAE's config as diffusers' conversion script writes it (vae22_diffusers_config,
+  // with its clip_output: no AutoencoderKLWan argument, ignored as diffusers does).
+  const auto v22 = WanVaeConfig::preset("wan2.2-vae");
+  nlohmann::json j22 = nlohmann::json::parse(v22.to_json());
+  j22["clip_output"] = false;
+  const auto c22 = WanVaeConfig::from_json(JsonConfig::parse(j22.dump(), "vae/config.json"));
+  CHECK(c22.to_json() == v22.to_json());
+  CHECK(c22.warnings.empty());
+  CHECK(c22.is_residual);
+  CHECK(c22.patch() == 2);
+  CHECK(c22.video_channels() == 3);
+  CHECK(c22.scale_factor_spatial == 16);
+  CHECK(c22.decoder_dims() == std::vector<std::int64_t>{1024, 1024, 1024, 512, 256});
+  CHECK(c22.up_block_in_dim(1) == 1024);  // the residual upsamplers keep their channels (Wan2.1: halved)
+  CHECK(c.up_block_in_dim(1) == 192);
+  CHECK(c22.latents_mean.size() == 48);
+  CHECK(c22.latents_mean[19] == 0.5109);
+  CHECK(c22.latents_std[47] == 0.7744);
+  CHECK(c22.output_frames(31) == 121);  // TI2V-5B's 121 frames
   for (const auto& name : WanVaeConfig::preset_names()) {
     CAPTURE(name);
     const auto p = WanVaeConfig::preset(name);
@@ -123,6 +160,12 @@ TEST_CASE("the tensor list is diffusers' AutoencoderKLWan state_dict (counts fro
   CHECK(param_count(WanVaeConfig::preset("wan-vae-test"), false) == 6'581);
   CHECK(wan_vae_specs(WanVaeConfig::preset("wan-vae-test"), DType::F32).size() == 146);
   CHECK(param_count(WanVaeConfig::preset("wan2.1-vae-small")) == 3'602'371);
+  // Wan2.2's VAE (residual blocks, patch 2): the real one and the test structure.
+  CHECK(param_count(WanVaeConfig::preset("wan2.2-vae")) == 704'688'668);
+  CHECK(param_count(WanVaeConfig::preset("wan2.2-vae"), false) == 555'051'580);
+  CHECK(wan_vae_specs(WanVaeConfig::preset("wan2.2-vae"), DType::F32).size() == 196);
+  CHECK(param_count(WanVaeConfig::preset("wan2.2-vae-test")) == 2'587'024);
+  CHECK(param_count(WanVaeConfig::preset("wan2.2-vae-test"), false) == 2'192'056);
   auto attn = WanVaeConfig::preset("wan-vae-test");
   attn.attn_scales = {1.0, 0.25};  // encoder attention after res blocks at those scales
   CHECK(param_count(attn) == 13'963);
@@ -180,9 +223,9 @@ TEST_CASE("a checkpoint that disagrees with its config is refused, naming the te
                   msg);
     CHECK(msg.find("loading vae '" + dir.file("vae") + "'") == 0);
   }
-  std::ofstream(dir.file("vae/config.json")) << R"({"is_residual": true})";
-  const std::string want = dir.file("vae/config.json") + ": field 'is_residual' is true";
-  CHECK_THROWS_WITH_AS(WanVae::load(dir.file("vae"), at::kFloat), doctest::Contains(want.c_str()), Error);
+  // A Wan2.1 checkpoint under a Wan2.2 (residual) config: the residual upsampler's name is missing.
+  std::ofstream(dir.file("vae/config.json")) << R"({"is_residual": true, "base_dim": 3, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1})";
+  CHECK_THROWS_WITH_AS(WanVae::load(dir.file("vae"), at::kFloat), doctest::Contains("decoder.up_blocks.0.upsampler."), Error);
 }
 
 TEST_CASE("bad latents are refused with the input named") {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Parity of dlo's Wan2.1 VAE decoder against diffusers' AutoencoderKLWan.
+"""Parity of dlo's Wan VAE decoder (Wan2.1's; Wan2.2's residual one) against diffusers' AutoencoderKLWan.
 
 Writes a random-weight VAE with `dlo-checkpoint make --components vae` (unless --model is given),
 random normalised latents (as the transformer outputs them), runs `dlo-forward --component vae`
@@ -7,7 +7,8 @@ and, on the same directory and latents, WanPipeline's decode step in diffusers:
 
     latents = latents.to(vae.dtype)
     latents = latents / (1.0 / std) + mean      # the pipeline's de-normalisation
-    video = vae.decode(latents).sample          # [B, 3, 1 + 4 (F - 1), 8 H, 8 W], clamped to [-1, 1]
+    video = vae.decode(latents).sample          # [B, 3, 1 + 4 (F - 1), s H, s W], clamped to [-1, 1]
+                                                # (s = 8; 16 for Wan2.2's VAE, patch_size 2)
 
 and compares. Also checks that the checkpoint holds exactly the tensors (names, shapes) of
 diffusers' model for that config. Exit 0 when ||ours - ref|| / ||ref|| <= --tol, else 1.
@@ -101,10 +102,11 @@ def main():
             ref = vae.decode(lat, return_dict=False)[0]
         t_ref = time.perf_counter() - t0
 
-    spatial = 2 ** (len(cfg.dim_mult) - 1)
+    patch = cfg.patch_size or 1  # Wan2.2: the decoder's channels unpatchified into patch x patch pixels
+    spatial = 2 ** (len(cfg.dim_mult) - 1) * patch
     temporal = 2 ** sum(cfg.temperal_downsample)
-    want_shape = (args.batch, cfg.out_channels, 1 + temporal * (args.frames - 1), args.height * spatial,
-                  args.width * spatial)
+    want_shape = (args.batch, cfg.out_channels // (patch * patch), 1 + temporal * (args.frames - 1),
+                  args.height * spatial, args.width * spatial)
     ok_shape = tuple(ref.shape) == want_shape
     rel = rel_err(ours, ref) if ok_shape else float("inf")
     maxabs = max_abs(ours, ref)

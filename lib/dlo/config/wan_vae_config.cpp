@@ -23,7 +23,21 @@ const std::vector<double> kLatentsMean = {-0.7571, -0.7089, -0.9113, 0.1075,  -0
 const std::vector<double> kLatentsStd = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                                          3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
 
-const std::set<std::string> kKnownFields = {
+// The Wan2.2 VAE's (diffusers' scripts/convert_wan_to_diffusers.py, vae22_diffusers_config).
+const std::vector<double> kLatentsMean22 = {
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174,  0.1838,  0.1557,  -0.1382, 0.0542,  0.2813,  0.0891,
+    0.1570,  -0.0098, 0.0375,  -0.1825, -0.2246, -0.1207, -0.0698, 0.5109,  0.2665,  -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109,  0.1567,  -0.0729, 0.0899,  -0.2799, -0.1230, -0.0313, -0.1649, 0.0117,  0.0723,
+    -0.2839, -0.2083, -0.0520, 0.3748,  0.0152,  0.1957,  0.1433,  -0.2944, 0.3573,  -0.0548, -0.1681, -0.0667};
+const std::vector<double> kLatentsStd22 = {
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+    0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+    0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744};
+
+// `clip_output` is in the Wan2.2 VAE's published config but is no AutoencoderKLWan argument:
+// diffusers 0.42.1 ignores it and always clamps the decoded video to [-1, 1]; so does dlo.
+const std::set<std::string> kKnownFields = {"clip_output",
     "base_dim",    "decoder_base_dim", "z_dim",       "dim_mult",     "num_res_blocks",
     "attn_scales", "temperal_downsample", "dropout",  "latents_mean", "latents_std",
     "is_residual", "in_channels",      "out_channels", "patch_size",  "scale_factor_temporal",
@@ -58,6 +72,11 @@ std::vector<std::int64_t> WanVaeConfig::decoder_dims() const {
   return dims;
 }
 
+std::int64_t WanVaeConfig::up_block_in_dim(std::size_t i) const {
+  const auto dims = decoder_dims();
+  return i > 0 && !is_residual ? dims[i] / 2 : dims[i];
+}
+
 std::vector<bool> WanVaeConfig::temperal_upsample() const {
   return std::vector<bool>(temperal_downsample.rbegin(), temperal_downsample.rend());
 }
@@ -81,11 +100,10 @@ WanVaeConfig WanVaeConfig::from_json(const JsonConfig& j) {
     DLO_CHECK(key.rfind('_', 0) == 0 || kKnownFields.count(key), f, ": unknown field '", key,
               "' (not an AutoencoderKLWan argument of diffusers 0.42)");
   }
-  DLO_CHECK(!j.get_bool("is_residual", false), f,
-            ": field 'is_residual' is true (the Wan2.2 VAE); only the Wan2.1 VAE is supported");
-  DLO_CHECK(!j.has("patch_size"), f, ": field 'patch_size' is ", j.dump("patch_size"),
-            " (the Wan2.2 VAE); only the Wan2.1 VAE (patch_size null) is supported");
   WanVaeConfig c;
+  c.is_residual = j.get_bool("is_residual", false);
+  if (j.has("patch_size")) c.patch_size = j.get_int("patch_size");
+  if (j.has("clip_output")) (void)j.get_bool("clip_output");  // type-checked, then ignored (above)
   c.base_dim = j.get_int("base_dim", c.base_dim);
   if (j.has("decoder_base_dim")) c.decoder_base_dim = j.get_int("decoder_base_dim");
   c.z_dim = j.get_int("z_dim", c.z_dim);
@@ -120,7 +138,7 @@ WanVaeConfig WanVaeConfig::from_json(const JsonConfig& j) {
     c.scale_factor_temporal = t;
     // A disagreeing scale_factor_spatial stays refused by validate(): the pipeline sizes the
     // latents by it, so it would render at the wrong size.
-    if (!j.has("scale_factor_spatial")) c.scale_factor_spatial = s;
+    if (!j.has("scale_factor_spatial")) c.scale_factor_spatial = s * c.patch();
   }
   c.validate(f);
   return c;
@@ -136,6 +154,16 @@ void WanVaeConfig::validate(const std::string& where) const {
   positive(num_res_blocks, "num_res_blocks");
   positive(in_channels, "in_channels");
   positive(out_channels, "out_channels");
+  if (patch_size) {
+    DLO_CHECK(*patch_size >= 1 && *patch_size <= 16, where, ": field 'patch_size' must be null or 1 to 16, got ",
+              *patch_size);
+    const std::int64_t p2 = *patch_size * *patch_size;
+    DLO_CHECK(in_channels % p2 == 0, where, ": field 'in_channels' (", in_channels,
+              ") must be a multiple of patch_size^2 (", p2, "): patchify packs each channel's ", *patch_size, "x",
+              *patch_size, " pixels into channels");
+    DLO_CHECK(out_channels % p2 == 0, where, ": field 'out_channels' (", out_channels,
+              ") must be a multiple of patch_size^2 (", p2, "): unpatchify unpacks them into pixels");
+  }
   DLO_CHECK(!dim_mult.empty() && dim_mult.size() <= 8, where, ": field 'dim_mult' must have 1 to 8 entries, got ",
             list_str(dim_mult));
   for (auto m : dim_mult)
@@ -153,11 +181,30 @@ void WanVaeConfig::validate(const std::string& where) const {
     DLO_CHECK(std::isfinite(m), where, ": field 'latents_mean' must hold finite numbers, got ", m);
   for (double s : latents_std)
     DLO_CHECK(std::isfinite(s) && s > 0, where, ": field 'latents_std' must hold positive numbers, got ", s);
-  // Every upsampler halves the channels (dim // 2): there must be some left.
   const auto dims = decoder_dims();
-  for (std::size_t i = 0; i + 1 < dim_mult.size(); ++i)
-    DLO_CHECK(dims[i + 1] >= 2, where, ": decoder up block ", i, " has ", dims[i + 1],
-              " channels; its upsampler's dim // 2 would be 0 (fields 'decoder_base_dim'/'base_dim', 'dim_mult')");
+  if (!is_residual) {
+    // Every upsampler halves the channels (dim // 2): there must be some left.
+    for (std::size_t i = 0; i + 1 < dim_mult.size(); ++i)
+      DLO_CHECK(dims[i + 1] >= 2, where, ": decoder up block ", i, " has ", dims[i + 1],
+                " channels; its upsampler's dim // 2 would be 0 (fields 'decoder_base_dim'/'base_dim', 'dim_mult')");
+  } else {
+    // The residual blocks' shortcuts regroup channels: AvgDown3D averages in * factor / out of
+    // them, DupUp3D repeats each out * factor / in times; both must divide (diffusers asserts).
+    for (std::size_t i = 0; i < dim_mult.size(); ++i) {
+      const bool down = i + 1 != dim_mult.size();
+      const std::int64_t in = i == 0 ? base_dim : base_dim * dim_mult[i - 1], out = base_dim * dim_mult[i];
+      const std::int64_t factor = down ? (temperal_downsample[i] ? 2 : 1) * 4 : 1;
+      DLO_CHECK(in * factor % out == 0, where, ": encoder down block ", i, ": its AvgDown3D shortcut needs ", in,
+                " channels x ", factor, " divisible by ", out, " (fields 'base_dim', 'dim_mult')");
+    }
+    const auto up = temperal_upsample();
+    for (std::size_t i = 0; i + 1 < dim_mult.size(); ++i) {
+      const std::int64_t factor = (up[i] ? 2 : 1) * 4;
+      DLO_CHECK(dims[i + 1] * factor % dims[i] == 0, where, ": decoder up block ", i, ": its DupUp3D shortcut needs ",
+                dims[i + 1], " channels x ", factor, " divisible by ", dims[i],
+                " (fields 'decoder_base_dim'/'base_dim', 'dim_mult')");
+    }
+  }
   std::int64_t t = 1, s = 1;
   for (std::size_t i = 0; i + 1 < dim_mult.size(); ++i) {
     s *= 2;
@@ -165,8 +212,9 @@ void WanVaeConfig::validate(const std::string& where) const {
   }
   DLO_CHECK(scale_factor_temporal == t, where, ": field 'scale_factor_temporal' is ", scale_factor_temporal,
             ", but temperal_downsample gives ", t);
-  DLO_CHECK(scale_factor_spatial == s, where, ": field 'scale_factor_spatial' is ", scale_factor_spatial,
-            ", but dim_mult (", dim_mult.size() - 1, " spatial up/downsamplings) gives ", s);
+  DLO_CHECK(scale_factor_spatial == s * patch(), where, ": field 'scale_factor_spatial' is ", scale_factor_spatial,
+            ", but dim_mult (", dim_mult.size() - 1, " spatial up/downsamplings) and patch_size (", patch(),
+            ") give ", s * patch());
 }
 
 WanVaeConfig WanVaeConfig::preset(const std::string& name) {
@@ -179,13 +227,32 @@ WanVaeConfig WanVaeConfig::preset(const std::string& name) {
     c.base_dim = 16;
   } else if (name == "wan2.1-vae") {
     // the defaults
+  } else if (name == "wan2.2-vae" || name == "wan2.2-vae-test") {
+    const bool real = name == "wan2.2-vae";
+    c.base_dim = real ? 160 : 8;
+    c.decoder_base_dim = real ? 256 : 16;
+    c.z_dim = real ? 48 : 12;
+    c.is_residual = true;
+    c.patch_size = 2;
+    c.in_channels = c.out_channels = 12;
+    c.scale_factor_spatial = 16;
+    if (real) {
+      c.latents_mean = kLatentsMean22;
+      c.latents_std = kLatentsStd22;
+    } else {
+      c.latents_mean.assign(kLatentsMean22.begin(), kLatentsMean22.begin() + c.z_dim);
+      c.latents_std.assign(kLatentsStd22.begin(), kLatentsStd22.begin() + c.z_dim);
+    }
   } else {
-    DLO_CHECK(false, "unknown VAE preset '", name, "' (wan-vae-test, wan2.1-vae-small, wan2.1-vae)");
+    DLO_CHECK(false, "unknown VAE preset '", name,
+              "' (wan-vae-test, wan2.1-vae-small, wan2.1-vae, wan2.2-vae, wan2.2-vae-test)");
   }
   return c;
 }
 
-std::vector<std::string> WanVaeConfig::preset_names() { return {"wan-vae-test", "wan2.1-vae-small", "wan2.1-vae"}; }
+std::vector<std::string> WanVaeConfig::preset_names() {
+  return {"wan-vae-test", "wan2.1-vae-small", "wan2.1-vae", "wan2.2-vae", "wan2.2-vae-test"};
+}
 
 std::string WanVaeConfig::to_json() const {
   nlohmann::ordered_json j;
@@ -200,12 +267,15 @@ std::string WanVaeConfig::to_json() const {
   j["dim_mult"] = dim_mult;
   j["dropout"] = dropout;
   j["in_channels"] = in_channels;
-  j["is_residual"] = false;
+  j["is_residual"] = is_residual;
   j["latents_mean"] = latents_mean;
   j["latents_std"] = latents_std;
   j["num_res_blocks"] = num_res_blocks;
   j["out_channels"] = out_channels;
-  j["patch_size"] = nullptr;
+  if (patch_size)
+    j["patch_size"] = *patch_size;
+  else
+    j["patch_size"] = nullptr;
   j["scale_factor_spatial"] = scale_factor_spatial;
   j["scale_factor_temporal"] = scale_factor_temporal;
   j["temperal_downsample"] = temperal_downsample;
@@ -257,6 +327,19 @@ Shapes vae_shapes(const WanVaeConfig& c, bool include_encoder) {
     for (std::size_t i = 0; i < n; ++i) {
       std::int64_t in = dims[i];
       out = dims[i + 1];
+      if (c.is_residual) {
+        // WanResidualDownBlock: resnets, then a downsampler (its AvgDown3D shortcut has no weights).
+        const std::string p = "encoder.down_blocks." + std::to_string(i);
+        for (std::int64_t r = 0; r < c.num_res_blocks; ++r) {
+          res_shapes(s, p + ".resnets." + std::to_string(r), in, out);
+          in = out;
+        }
+        if (i + 1 != n) {
+          conv_shapes(s, p + ".downsampler.resample.1", {out, out, 3, 3});
+          if (c.temperal_downsample[i]) conv_shapes(s, p + ".downsampler.time_conv", {out, out, 3, 1, 1});
+        }
+        continue;
+      }
       for (std::int64_t r = 0; r < c.num_res_blocks; ++r) {
         res_shapes(s, "encoder.down_blocks." + std::to_string(k++), in, out);
         if (std::find(c.attn_scales.begin(), c.attn_scales.end(), scale) != c.attn_scales.end())
@@ -282,15 +365,18 @@ Shapes vae_shapes(const WanVaeConfig& c, bool include_encoder) {
   mid_shapes(s, "decoder.mid_block", dims[0]);
   for (std::size_t i = 0; i < n; ++i) {
     const std::string p = "decoder.up_blocks." + std::to_string(i);
-    std::int64_t in = i > 0 ? dims[i] / 2 : dims[i];
+    std::int64_t in = c.up_block_in_dim(i);
     const std::int64_t out = dims[i + 1];
     for (std::int64_t r = 0; r <= c.num_res_blocks; ++r) {
       res_shapes(s, p + ".resnets." + std::to_string(r), in, out);
       in = out;
     }
     if (i + 1 != n) {
-      conv_shapes(s, p + ".upsamplers.0.resample.1", {out / 2, out, 3, 3});
-      if (up[i]) conv_shapes(s, p + ".upsamplers.0.time_conv", {2 * out, out, 3, 1, 1});
+      // Wan2.1: WanUpBlock's upsamplers.0 (to dim // 2); Wan2.2: WanResidualUpBlock's upsampler
+      // (to dim; its DupUp3D shortcut has no weights).
+      const std::string u = p + (c.is_residual ? ".upsampler" : ".upsamplers.0");
+      conv_shapes(s, u + ".resample.1", {c.is_residual ? out : out / 2, out, 3, 3});
+      if (up[i]) conv_shapes(s, u + ".time_conv", {2 * out, out, 3, 1, 1});
     }
   }
   s.push_back({"decoder.norm_out.gamma", {dims[n], 1, 1, 1}});

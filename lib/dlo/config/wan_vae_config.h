@@ -25,10 +25,14 @@ struct WanVaeConfig {
   double dropout = 0.0;                                      // inference: no effect
   std::vector<double> latents_mean;                          // z_dim entries (defaults: the Wan2.1 VAE's)
   std::vector<double> latents_std;
-  std::int64_t in_channels = 3;
-  std::int64_t out_channels = 3;
+  // Wan2.2's VAE: residual down/up blocks (AvgDown3D / DupUp3D shortcuts, upsamplers that keep
+  // the channels) and a pixel patchify of patch_size x patch_size around the encoder/decoder.
+  bool is_residual = false;
+  std::optional<std::int64_t> patch_size;  // null: none (Wan2.1)
+  std::int64_t in_channels = 3;            // the (patchified) encoder input: 3 * patch^2
+  std::int64_t out_channels = 3;           // the decoder output before unpatchify: 3 * patch^2
   std::int64_t scale_factor_temporal = 4;  // agrees with temperal_downsample (from_json follows that)
-  std::int64_t scale_factor_spatial = 8;   // agrees with dim_mult (from_json follows that)
+  std::int64_t scale_factor_spatial = 8;   // agrees with dim_mult and patch_size (from_json follows that)
   // What from_json() accepted but a user should hear about, one sentence each (the library does
   // not print; apps do): e.g. a scale_factor_temporal that disagrees with temperal_downsample.
   std::vector<std::string> warnings;
@@ -36,18 +40,26 @@ struct WanVaeConfig {
   WanVaeConfig();
 
   std::int64_t decoder_dim() const { return decoder_base_dim.value_or(base_dim); }
+  std::int64_t patch() const { return patch_size.value_or(1); }
+  // Channels of a decoded video: out_channels / patch^2 (3 for RGB).
+  std::int64_t video_channels() const { return out_channels / (patch() * patch()); }
   // Channels of the decoder stages: [dim * dim_mult[-1]] + [dim * m for m in reversed(dim_mult)].
   std::vector<std::int64_t> decoder_dims() const;
+  // Input channels of decoder up block i: decoder_dims()[i], halved for i > 0 in the Wan2.1 VAE
+  // (whose upsamplers output dim // 2; the residual VAE's keep dim).
+  std::int64_t up_block_in_dim(std::size_t i) const;
   // temperal_downsample reversed: up block i doubles the frames iff it is true (and i < last).
   std::vector<bool> temperal_upsample() const;
   // Video frames decoded from `latent_frames` (>= 1): 1 + (latent_frames - 1) * 2^(#temporal ups).
   std::int64_t output_frames(std::int64_t latent_frames) const;
 
   // Reads a diffusers vae/config.json. Throws dlo::Error naming the file and field for missing,
-  // mistyped, unknown, unsupported (Wan2.2: is_residual, patch_size) or inconsistent values.
+  // mistyped, unknown, unsupported or inconsistent values.
   static WanVaeConfig from_json(const JsonConfig& json);
   // "wan-vae-test" (diffusers' VAE unit-test config: base_dim 3, dim_mult [1,1,1,1], 1 res block),
-  // "wan2.1-vae-small" (the real structure with base_dim 16), "wan2.1-vae" (the real Wan2.1 VAE).
+  // "wan2.1-vae-small" (the real structure with base_dim 16), "wan2.1-vae" (the real Wan2.1 VAE),
+  // "wan2.2-vae" (the real Wan2.2 VAE of TI2V-5B: residual, patch 2, z_dim 48, 16x spatial) and
+  // "wan2.2-vae-test" (its structure with base_dim 8, decoder_base_dim 16, z_dim 12).
   static WanVaeConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
   // Checks consistency. Throws dlo::Error naming `where` and the field.

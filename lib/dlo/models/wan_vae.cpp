@@ -138,6 +138,25 @@ at::Tensor resample(const WanVaeUpBlockWeights& w, at::Tensor x, WanVaeDecodeSta
   return u.view({b, t, u.size(1), u.size(2), u.size(3)}).permute({0, 2, 1, 3, 4});
 }
 
+// [DupUp3D] repeat_interleave over channels, then each group of 2 x 2 (x 2 frames) channels
+// unpacked into pixels (and frames); the first chunk drops the extra leading frame.
+at::Tensor dup_up(const WanVaeUpBlockWeights& w, const at::Tensor& in, bool first_chunk) {
+  const std::int64_t ft = w.mode == WanVaeUpsample::kTemporal ? 2 : 1, fs = 2;
+  at::Tensor x = in.repeat_interleave(w.shortcut_repeats, 1);
+  const std::int64_t b = x.size(0), t = x.size(2), h = x.size(3), wd = x.size(4);
+  x = x.view({b, w.shortcut_out, ft, fs, fs, t, h, wd}).permute({0, 1, 5, 2, 6, 3, 7, 4}).contiguous();
+  x = x.view({b, w.shortcut_out, t * ft, h * fs, wd * fs});
+  if (first_chunk) x = x.slice(2, ft - 1);
+  return x;
+}
+
+// [unpatchify] [B, C p p, T, H, W] -> [B, C, T, H p, W p].
+at::Tensor unpatchify(const at::Tensor& x, std::int64_t p) {
+  if (p == 1) return x;
+  const std::int64_t b = x.size(0), c = x.size(1) / (p * p), t = x.size(2), h = x.size(3), w = x.size(4);
+  return x.view({b, c, p, p, t, h, w}).permute({0, 1, 4, 5, 3, 6, 2}).contiguous().view({b, c, t, h * p, w * p});
+}
+
 }  // namespace
 
 at::Tensor wan_vae_decoder_chunk(const WanVaeDecoderWeights& w, const at::Tensor& x_in, WanVaeDecodeState& st) {
@@ -147,12 +166,16 @@ at::Tensor wan_vae_decoder_chunk(const WanVaeDecoderWeights& w, const at::Tensor
   x = attn_block(w.mid_attn, x);
   x = res_block(w.mid_res1, x, st);
   for (const auto& up : w.up_blocks) {
+    const at::Tensor in = up.shortcut ? x : at::Tensor();
     for (const auto& r : up.resnets) x = res_block(r, x, st);
     if (up.mode != WanVaeUpsample::kNone) x = resample(up, x, st);
+    if (up.shortcut) x = x + dup_up(up, in, st.chunks == 0);
   }
   x = wan_vae_rms_norm(x, w.norm_out);
   at::silu_(x);
-  return wan_cached_causal_conv3d(std::move(x), w.conv_out, {1, 1, 1}, st.take());
+  x = wan_cached_causal_conv3d(std::move(x), w.conv_out, {1, 1, 1}, st.take());
+  ++st.chunks;
+  return x;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -218,9 +241,16 @@ WanVae WanVae::load(const std::string& dir, at::ScalarType compute) {
       WanVaeUpBlockWeights ub;
       for (std::int64_t r = 0; r <= c.num_res_blocks; ++r) ub.resnets.push_back(res(p + ".resnets." + std::to_string(r)));
       if (i + 1 != n) {
+        const std::string u = p + (c.is_residual ? ".upsampler" : ".upsamplers.0");
         ub.mode = up[i] ? WanVaeUpsample::kTemporal : WanVaeUpsample::kSpatial;
-        ub.resample = conv(p + ".upsamplers.0.resample.1");
-        if (up[i]) ub.time_conv = conv(p + ".upsamplers.0.time_conv");
+        ub.resample = conv(u + ".resample.1");
+        if (up[i]) ub.time_conv = conv(u + ".time_conv");
+        if (c.is_residual) {
+          const auto dims = c.decoder_dims();
+          ub.shortcut = true;
+          ub.shortcut_out = dims[i + 1];
+          ub.shortcut_repeats = dims[i + 1] * (up[i] ? 8 : 4) / dims[i];
+        }
       }
       w.up_blocks.push_back(std::move(ub));
     }
@@ -260,7 +290,7 @@ void WanVae::decode_frames(const at::Tensor& z_in,
   WanVaeDecodeState st;
   std::int64_t frame = 0;
   for (std::int64_t i = 0; i < x.size(2); ++i) {
-    at::Tensor out = wan_vae_decoder_chunk(w_, x.slice(2, i, i + 1), st);
+    at::Tensor out = unpatchify(wan_vae_decoder_chunk(w_, x.slice(2, i, i + 1), st), config_.patch());
     out = at::clamp(out, -1.0, 1.0);
     sink(frame, out);
     frame += out.size(2);
@@ -270,7 +300,7 @@ void WanVae::decode_frames(const at::Tensor& z_in,
 at::Tensor WanVae::decode(const at::Tensor& z) const {
   check_latents(z);
   const auto& c = config_;
-  at::Tensor video = at::empty({z.size(0), c.out_channels, c.output_frames(z.size(2)),
+  at::Tensor video = at::empty({z.size(0), c.video_channels(), c.output_frames(z.size(2)),
                                 z.size(3) * c.scale_factor_spatial, z.size(4) * c.scale_factor_spatial},
                                at::TensorOptions().dtype(compute_));
   decode_frames(z, [&](std::int64_t first, const at::Tensor& frames) {

@@ -1,4 +1,5 @@
-// Wan2.1 VAE decoder, equal to diffusers' AutoencoderKLWan.decode (diffusers 0.42.1).
+// The Wan VAE decoder (Wan2.1's, and Wan2.2's residual one with its pixel patchify), equal to
+// diffusers' AutoencoderKLWan.decode (diffusers 0.42.1).
 //
 // Weights are data, layers are functions: WanVaeDecoderWeights is a plain struct of tensors (views
 // into the mmap'ed checkpoint when dtypes agree); the layer functions below take weights and
@@ -55,6 +56,10 @@ struct WanVaeUpBlockWeights {
   WanVaeUpsample mode = WanVaeUpsample::kNone;
   WanVaeConv resample;   // Conv2d after the 2x nearest upsampling (unless kNone)
   WanVaeConv time_conv;  // kTemporal only: causal (3,1,1) conv to 2x channels
+  // Wan2.2 (WanResidualUpBlock): the block's input, repeated `shortcut_repeats` times per channel
+  // and unpacked into 2x2 pixels (x2 frames for kTemporal), is added to its output (DupUp3D).
+  bool shortcut = false;
+  std::int64_t shortcut_out = 0, shortcut_repeats = 0;
 };
 struct WanVaeDecoderWeights {
   WanVaeConv post_quant_conv, conv_in;
@@ -90,7 +95,8 @@ at::Tensor wan_vae_rms_norm(const at::Tensor& x, const at::Tensor& gamma);
 // Per-decode state: one cache per cached conv, in diffusers' call order.
 struct WanVaeDecodeState {
   std::vector<WanCausalCache> caches;
-  std::size_t next = 0;  // index of the next cache during a chunk
+  std::size_t next = 0;    // index of the next cache during a chunk
+  std::int64_t chunks = 0;  // chunks decoded so far (chunk 0 is diffusers' first_chunk)
   WanCausalCache& take();
 };
 
@@ -119,12 +125,13 @@ class WanVae {
   // WanPipeline's de-normalisation: latents.to(dtype) / (1 / latents_std) + latents_mean, in the
   // VAE's dtype. latents: [B, z_dim, F, H, W] as the transformer outputs them.
   at::Tensor denormalize(const at::Tensor& latents) const;
-  // diffusers' vae.decode(z).sample: [B, out_channels, output_frames(F), H * s, W * s] in [-1, 1],
+  // diffusers' vae.decode(z).sample: [B, video_channels, output_frames(F), H * s, W * s] in [-1, 1],
   // in the VAE's dtype (s = scale_factor_spatial). z: [B, z_dim, F, H, W], de-normalised.
   // Throws dlo::Error naming `latents` for a bad shape. Thread-safe (no shared mutable state).
   at::Tensor decode(const at::Tensor& z) const;
   // The same, streamed: `sink(first_frame, frames)` receives each chunk's clamped frames
-  // [B, out_channels, n, H * s, W * s] in order (n = 1 for latent frame 0, else 2^(#temporal ups)).
+  // [B, video_channels, n, H * s, W * s] in order (n = 1 for latent frame 0, else 2^(#temporal ups)),
+  // unpatchified when the config has a patch_size.
   // The tensor is only valid during the call. decode() is this plus one preallocated output.
   void decode_frames(const at::Tensor& z,
                      const std::function<void(std::int64_t first_frame, const at::Tensor& frames)>& sink) const;
