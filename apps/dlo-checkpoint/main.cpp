@@ -128,7 +128,8 @@ int make(int argc, char** argv) {
       "components", "comma-separated components (transformer, transformer_2, scheduler, vae, text_encoder, tokenizer; a "
       "wan2.2 A14B preset adds transformer_2)",
       cxxopts::value<std::string>()->default_value("transformer,scheduler,vae,text_encoder,tokenizer"))(
-      "vae-preset", "VAE shape: " + vae_presets, cxxopts::value<std::string>()->default_value("wan2.1-vae-small"))(
+      "vae-preset", "VAE shape: " + vae_presets + " (default: the preset's: wan2.2-vae for wan2.2-ti2v-5b, "
+      "wan2.2-vae-test for wan2.2-ti2v-test, else wan2.1-vae-small)", cxxopts::value<std::string>())(
       "vae-base-dim", "VAE base_dim (channels of the last decoder stage)", cxxopts::value<std::int64_t>())(
       "vae-dtype", "VAE weights: fp32, bf16 or fp16", cxxopts::value<std::string>()->default_value("fp32"))(
       "te-preset", "text encoder shape: umt5-test, umt5-xxl", cxxopts::value<std::string>()->default_value("umt5-test"))(
@@ -177,7 +178,10 @@ int make(int argc, char** argv) {
     return st == at::kFloat ? dlo::DType::F32 : st == at::kHalf ? dlo::DType::F16 : dlo::DType::BF16;
   };
   o.dtype = to_dtype(dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype"));
-  o.vae = dlo::WanVaeConfig::preset(args["vae-preset"].as<std::string>());
+  const std::string preset = args["preset"].as<std::string>();
+  // The VAE follows the preset's model (the Wan2.2 VAE for TI2V) unless given.
+  o.vae = dlo::WanVaeConfig::preset(args.count("vae-preset") ? args["vae-preset"].as<std::string>()
+                                                              : dlo::WanTransformerConfig::preset_vae(preset));
   if (args.count("vae-base-dim")) o.vae.base_dim = args["vae-base-dim"].as<std::int64_t>();
   o.vae.validate("make (VAE)");
   o.vae_dtype = to_dtype(dlo::parse_compute_dtype(args["vae-dtype"].as<std::string>(), "--vae-dtype"));
@@ -207,10 +211,11 @@ int make(int argc, char** argv) {
               "--boundary-ratio: only with a second expert (transformer_2 in --components, or a wan2.2 A14B preset)");
     o.boundary_ratio = args["boundary-ratio"].as<double>();
   }
-  DLO_CHECK(args["preset"].as<std::string>() != "wan2.2-ti2v-5b" ||
-                std::find(o.components.begin(), o.components.end(), "vae") == o.components.end(),
-            "--preset wan2.2-ti2v-5b: its 48-channel Wan2.2 VAE is not supported by this build; write the "
-            "transformer alone (--components transformer)");
+  // TI2V (converted repo): a timestep per token, flow shift 5.0.
+  if (dlo::WanTransformerConfig::preset_expands_timesteps(preset)) {
+    o.expand_timesteps = true;
+    o.flow_shift = 5.0;
+  }
   // The parts must fit together: WanPipeline runs the transformer on the VAE's latents, so its
   // in/out channels follow the VAE's z_dim unless given, and given ones must agree.
   auto has = [&](const char* comp) {

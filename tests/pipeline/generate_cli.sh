@@ -67,8 +67,15 @@ index_variant nullt '{"transformer": None}'
 check "model_index.json: field 'transformer' is null: dlo needs the (high-noise) transformer" --model "$T/nullt"
 check "--guidance-2: applies to models with two experts" --guidance-2 3
 check "--boundary-ratio: applies to models with two experts" --boundary-ratio 0.5
+# expand_timesteps (TI2V): WanPipeline's per-token timestep needs the [1, 2, 2] patch.
 index_variant ti2v '{"expand_timesteps": True}'
-check "model_index.json: field 'expand_timesteps' is true (Wan2.2 TI2V-5B" --model "$T/ti2v"
+rm "$T/ti2v/transformer" && mkdir "$T/ti2v/transformer"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['patch_size']=[1,1,1]; json.dump(j, open(sys.argv[2], 'w'))" \
+  "$T/m/transformer/config.json" "$T/ti2v/transformer/config.json"
+check "model_index.json: field 'expand_timesteps' is true, but the transformer's patch_size is [1, 1, 1]" --model "$T/ti2v"
+# A TI2V-shaped folder (the Wan2.2 VAE: 16x spatial, so 32-pixel multiples with the patch).
+"$BIN/dlo-checkpoint" make "$T/ti2v-m" --preset wan2.2-ti2v-test --layers 2 --dtype bf16 >/dev/null
+check "--height: 48 is not a multiple of 32" --model "$T/ti2v-m" --height 48 --width 64
 index_variant i2v '{"_class_name": "WanImageToVideoPipeline"}'
 check "field '_class_name' is 'WanImageToVideoPipeline'" --model "$T/i2v"
 index_variant saved '{"transformer_2": [None, None], "boundary_ratio": None, "expand_timesteps": False}'

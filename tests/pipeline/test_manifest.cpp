@@ -530,6 +530,28 @@ TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model'
   CHECK(a14b.jobs[3].width == 832);
   CHECK(dlo::format_problems(dlo::check_manifest(a14b, real)).find("defaults: guidance_2: applies to models with two experts") !=
         std::string::npos);
+  // jobs/wan2.2-ti2v-5b.yaml: the official settings fit TI2V-5B (sizes multiples of 32: the Wan2.2
+  // VAE's 16 x the patch's 2; 121 = 4 x 30 + 1 frames); 720p's height does not.
+  dlo::Manifest ti2v = dlo::load_manifest(src + "/jobs/wan2.2-ti2v-5b.yaml", {}, std::nullopt, d.path().string(), kVideoFormats);
+  dlo::ModelInfo five;
+  five.transformer = dlo::WanTransformerConfig::preset("wan2.2-ti2v-5b");
+  five.vae = dlo::WanVaeConfig::preset("wan2.2-vae");
+  five.expand_timesteps = true;
+  CHECK(dlo::format_problems(dlo::check_manifest(ti2v, five)) == "");
+  REQUIRE(ti2v.jobs.size() == 3);
+  for (const auto& j : ti2v.jobs) {
+    CHECK(j.frames == 121);
+    CHECK(j.fps == 24);
+    CHECK(j.steps == 50);
+    CHECK(j.guidance == 5.0);
+    CHECK(j.flow_shift == 5.0);
+  }
+  CHECK(ti2v.jobs[0].height == 704);
+  CHECK(ti2v.jobs[0].width == 1280);
+  CHECK(ti2v.jobs[2].height == 1280);
+  CHECK(ti2v.jobs[2].width == 704);
+  ti2v.jobs[1].height = 720;  // a 720p height: a multiple of 16, not of 32
+  CHECK(dlo::format_problems(dlo::check_manifest(ti2v, five)).find("720 is not a multiple of 32") != std::string::npos);
   for (const auto& j : wan.jobs) {
     CHECK(j.height == 480);
     CHECK(j.width == 832);

@@ -13,7 +13,11 @@ fp32 cases must be identical (exit 1 otherwise); bf16 cases report the share of 
 the largest difference and fail only above --bf16-max-diff. --ranks N runs dlo-generate under
 `mpirun -np N` (the video must not depend on it). --two-experts makes a Wan2.2 A14B-shaped folder
 (transformer/ and transformer_2/, boundary_ratio in model_index.json) and passes --guidance-2 /
---boundary-ratio to both sides (guidance_scale_2; the pipeline's boundary_ratio).
+--boundary-ratio to both sides (guidance_scale_2; the pipeline's boundary_ratio). --ti2v makes a
+Wan2.2 TI2V-shaped folder (the residual Wan2.2 VAE with patch 2, expand_timesteps: a timestep per
+token). --diffusers-init keeps only the made folder's configs and tokenizer: every model is
+initialised by diffusers / transformers themselves (their own random init, seeded) and the folder is
+written by WanPipeline.save_pretrained in 30 KB shards (--save-dtype: the transformers' file dtype).
 
   pipeline_parity.py --bin build/bin --cases fp32-unipc-cfg,fp32-euler-nocfg
 """
@@ -35,11 +39,38 @@ PROMPT = "A fox walks through fresh snow at dawn, cinematic, 4k"
 NEGATIVE = "blurry, low quality, static"
 
 
-def make_model(bin_dir, out, seed, make_args, two_experts=False):
-    preset = "wan2.2-a14b-test" if two_experts else "wan-test"
+def make_model(bin_dir, out, seed, make_args, two_experts=False, ti2v=False):
+    preset = "wan2.2-a14b-test" if two_experts else "wan2.2-ti2v-test" if ti2v else "wan-test"
     cmd = [os.path.join(bin_dir, "dlo-checkpoint"), "make", out, "--preset", preset, "--layers", "2",
-           "--in-channels", "16", "--out-channels", "16", "--dtype", "fp32", "--seed", str(seed)]
+           "--dtype", "fp32", "--seed", str(seed)]
+    if not ti2v:
+        cmd += ["--in-channels", "16", "--out-channels", "16"]
     subprocess.run(cmd + make_args.split(), check=True, stdout=subprocess.DEVNULL)
+
+
+def diffusers_init_folder(made, out, seed, save_dtype):
+    """The folder `made`'s configs, every model initialised by diffusers / transformers, saved by
+    WanPipeline.save_pretrained (sharded)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import AutoTokenizer, UMT5Config, UMT5EncoderModel
+
+    index = json.load(open(os.path.join(made, "model_index.json")))
+    torch.manual_seed(seed)
+    parts = {}
+    for name in ("transformer", "transformer_2"):
+        if os.path.isdir(os.path.join(made, name)):
+            cfg = WanTransformer3DModel.load_config(os.path.join(made, name))
+            parts[name] = WanTransformer3DModel.from_config(cfg).to(DTYPES[save_dtype])
+    parts["vae"] = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(os.path.join(made, "vae")))
+    parts["text_encoder"] = UMT5EncoderModel(UMT5Config.from_pretrained(os.path.join(made, "text_encoder")))
+    parts["tokenizer"] = AutoTokenizer.from_pretrained(os.path.join(made, "tokenizer"))
+    parts["scheduler"] = UniPCMultistepScheduler.from_pretrained(os.path.join(made, "scheduler"))
+    pipe = WanPipeline(**parts, boundary_ratio=index.get("boundary_ratio"),
+                       expand_timesteps=index.get("expand_timesteps", False))
+    pipe.save_pretrained(out, max_shard_size="30KB")
+    shards = {n: len([f for f in os.listdir(os.path.join(out, n)) if f.endswith(".safetensors")])
+              for n in parts if os.path.isdir(os.path.join(out, n)) and n not in ("tokenizer", "scheduler")}
+    print(f"initialised by diffusers/transformers, written by WanPipeline.save_pretrained: shards {shards}")
 
 
 def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args):
@@ -113,6 +144,11 @@ def main():
     ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--two-experts", action="store_true", help="make a two-expert (Wan2.2 A14B-shaped) folder")
+    ap.add_argument("--ti2v", action="store_true",
+                    help="make a TI2V-shaped folder (Wan2.2 VAE, patch 2, z_dim 12; expand_timesteps)")
+    ap.add_argument("--diffusers-init", action="store_true",
+                    help="re-initialise every model with diffusers' / transformers' own init; save_pretrained")
+    ap.add_argument("--save-dtype", default="fp32", choices=DTYPES, help="--diffusers-init: the transformers' files")
     ap.add_argument("--guidance-2", type=float, help="the low-noise expert's guidance (two experts)")
     ap.add_argument("--boundary-ratio", type=float, help="the experts' boundary (two experts; default the folder's)")
     ap.add_argument("--ranks", type=int, default=1)
@@ -127,7 +163,11 @@ def main():
         model = args.model
         if model is None:
             model = os.path.join(tmp, "model")
-            make_model(args.bin, model, args.seed, args.make_args, args.two_experts)
+            make_model(args.bin, model, args.seed, args.make_args, args.two_experts, args.ti2v)
+        if args.diffusers_init:
+            saved = os.path.join(tmp, "diffusers-init")
+            diffusers_init_folder(model, saved, args.seed, args.save_dtype)
+            model = saved
         if args.resave:
             from diffusers import WanPipeline
             saved = os.path.join(tmp, "saved")

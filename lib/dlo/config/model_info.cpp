@@ -95,13 +95,13 @@ void hash_file(Sha256& h, const std::string& path) {
 }
 
 // model_index.json as diffusers 0.42 writes a WanPipeline: the pipeline class, and the Wan2.2
-// fields that change what a folder means. A folder of TI2V-5B (expand_timesteps) would otherwise
-// render with one timestep per sample: a wrong video without an error; it is refused by name until
-// this build runs it. A second expert needs its boundary and the boundary its expert (WanPipeline
-// would never use an expert without a boundary, and fails at the boundary without the expert).
+// fields that change what a folder means (expand_timesteps: TI2V-5B's timestep per token). A
+// second expert needs its boundary and the boundary its expert (WanPipeline would never use an
+// expert without a boundary, and fails at the boundary without the expert).
 struct ModelIndex {
   bool transformer_2 = false;
   std::optional<double> boundary_ratio;
+  bool expand_timesteps = false;
 };
 
 // A component entry: ["diffusers", "WanTransformer3DModel"], or null / [null, null] for none.
@@ -136,8 +136,7 @@ ModelIndex check_model_index(const JsonConfig& j) {
             "e.g. 0.875 for Wan2.2 T2V-A14B, or remove transformer_2)");
   DLO_CHECK(m.transformer_2 || !m.boundary_ratio, f, ": field 'boundary_ratio' is ", j.dump("boundary_ratio"),
             " but there is no 'transformer_2': the steps below the boundary have no expert to run");
-  DLO_CHECK(!j.get_bool("expand_timesteps", false), f,
-            ": field 'expand_timesteps' is true (Wan2.2 TI2V-5B: a timestep per token); not supported by this build");
+  m.expand_timesteps = j.get_bool("expand_timesteps", false);
   return m;
 }
 
@@ -213,7 +212,21 @@ ModelInfo read_model_info(const std::string& dir) {
       info.transformer_2 = t2;
       info.boundary_ratio = index.boundary_ratio;
     }
+    info.expand_timesteps = index.expand_timesteps;
+    // WanPipeline's per-token timestep takes every second latent row and column (mask[:, ::2, ::2]):
+    // one per token only for the [1, 2, 2] patch; any other would fail in the transformer.
+    for (const auto& tc : info.expert_configs()) {
+      const auto& p = tc.patch_size;
+      DLO_CHECK(!info.expand_timesteps || (p[0] == 1 && p[1] == 2 && p[2] == 2),
+                "model_index.json: field 'expand_timesteps' is true, but the transformer's patch_size is [", p[0], ", ",
+                p[1], ", ", p[2], "]; WanPipeline's per-token timestep (mask[:, ::2, ::2]) needs [1, 2, 2]");
+    }
     info.vae = WanVaeConfig::from_json(JsonConfig::load(dir + "/vae/config.json"));
+    DLO_CHECK(info.vae.video_channels() == 3, "vae/config.json: field 'out_channels' is ", info.vae.out_channels,
+              info.vae.patch() > 1 ? str(" (", info.vae.video_channels(), " channels after unpatchify of patch_size ",
+                                         info.vae.patch(), ")")
+                                   : std::string(),
+              "; dlo writes RGB video (3 channels)");
     info.text_encoder = Umt5Config::from_json(JsonConfig::load(dir + "/text_encoder/config.json"));
     info.scheduler = NoiseSchedulerConfig::from_json_file(dir + "/scheduler/scheduler_config.json");
     DLO_CHECK(info.text_encoder.d_model == info.transformer.text_dim, "the text encoder's d_model (",

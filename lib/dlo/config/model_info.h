@@ -24,6 +24,9 @@ struct ModelInfo {
   // boundary_ratio * num_train_timesteps, else with `transformer_2`.
   std::optional<WanTransformerConfig> transformer_2;
   std::optional<double> boundary_ratio;
+  // Wan2.2 TI2V-5B (model_index.json's expand_timesteps): the transformer gets one timestep per
+  // token ([B, L], WanPipeline's `mask[0][0][:, ::2, ::2] * t`), not one per sample.
+  bool expand_timesteps = false;
   WanVaeConfig vae;
   Umt5Config text_encoder;
   NoiseSchedulerConfig scheduler;
@@ -42,9 +45,8 @@ struct ModelInfo {
 // Reads `dir`'s model_index.json and the configs of transformer/ (and transformer_2/ when the
 // index names it), vae/, text_encoder/, scheduler/ and checks that tokenizer/ is there, and that
 // the parts fit together (text encoder width = transformer text_dim, VAE z_dim = transformer
-// channels, both experts on the same latents and text). Throws dlo::Error naming the folder, the
-// part and the field; model_index.json fields this build does not run (expand_timesteps) are
-// refused by name.
+// channels, both experts on the same latents and text, an RGB video out of the VAE). Throws
+// dlo::Error naming the folder, the part and the field.
 ModelInfo read_model_info(const std::string& dir);
 
 // What a model folder holds, as 16 hex digits of a sha256: its model_index.json and every file of

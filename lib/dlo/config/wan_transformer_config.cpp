@@ -85,18 +85,32 @@ WanTransformerConfig WanTransformerConfig::preset(const std::string& name) {
     c.ffn_dim = 13824;
     c.num_layers = 40;
   } else if (name == "wan2.2-ti2v-5b") {
-    // Wan2.2 TI2V-5B's transformer (its 48-channel Wan2.2 VAE is not in this build).
+    // Wan2.2 TI2V-5B's transformer, on the 48 channels of the Wan2.2 VAE.
     c.num_attention_heads = 24;
     c.in_channels = c.out_channels = 48;
     c.ffn_dim = 14336;
     c.num_layers = 30;
   } else if (name == "wan2.2-a14b-test") {
     c = preset("wan-test");  // a tiny two-expert test model: each expert wan-test's shape
+  } else if (name == "wan2.2-ti2v-test") {
+    c = preset("wan-test");  // a tiny TI2V-style model: wan-test's shape on wan2.2-vae-test's latents
+    c.in_channels = c.out_channels = 12;
   } else {
     DLO_CHECK(false, "unknown transformer preset '", name,
-              "' (wan-test, wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-t2v-a14b, wan2.2-ti2v-5b, wan2.2-a14b-test)");
+              "' (wan-test, wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-t2v-a14b, wan2.2-ti2v-5b, wan2.2-a14b-test, "
+              "wan2.2-ti2v-test)");
   }
   return c;
+}
+
+std::string WanTransformerConfig::preset_vae(const std::string& name) {
+  if (name == "wan2.2-ti2v-5b") return "wan2.2-vae";
+  if (name == "wan2.2-ti2v-test") return "wan2.2-vae-test";
+  return "wan2.1-vae-small";
+}
+
+bool WanTransformerConfig::preset_expands_timesteps(const std::string& name) {
+  return name == "wan2.2-ti2v-5b" || name == "wan2.2-ti2v-test";
 }
 
 bool WanTransformerConfig::preset_has_two_experts(const std::string& name) {
@@ -104,7 +118,8 @@ bool WanTransformerConfig::preset_has_two_experts(const std::string& name) {
 }
 
 std::vector<std::string> WanTransformerConfig::preset_names() {
-  return {"wan-test", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b", "wan2.2-a14b-test"};
+  return {"wan-test",       "wan2.1-t2v-1.3b",  "wan2.1-t2v-14b",  "wan2.2-t2v-a14b",
+          "wan2.2-ti2v-5b", "wan2.2-a14b-test", "wan2.2-ti2v-test"};
 }
 
 std::string WanTransformerConfig::to_json() const {

@@ -36,12 +36,16 @@ struct WanTransformerConfig {
   static WanTransformerConfig from_json(const JsonConfig& json);
   // "wan-test" (diffusers' model-test config), "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"; and the shape of
   // each expert of the two-expert models "wan2.2-t2v-a14b" (= 14B's) and "wan2.2-a14b-test" (=
-  // wan-test's); "wan2.2-ti2v-5b": TI2V-5B's transformer (48 latent channels; its Wan2.2 VAE is
-  // not in this build, so it is written without one).
+  // wan-test's); "wan2.2-ti2v-5b": TI2V-5B's transformer (48 latent channels, for the Wan2.2
+  // VAE) and "wan2.2-ti2v-test" (wan-test's shape on the 12 channels of the VAE "wan2.2-vae-test").
   static WanTransformerConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
   // Whether the preset names a model of two experts (transformer/ and transformer_2/).
   static bool preset_has_two_experts(const std::string& name);
+  // What else the preset's model has: the VAE preset it runs on (WanVaeConfig::preset), and
+  // whether its pipeline gives one timestep per token (model_index.json's expand_timesteps).
+  static std::string preset_vae(const std::string& name);
+  static bool preset_expands_timesteps(const std::string& name);
   // Checks consistency (positive sizes, even head dim, ...). Throws dlo::Error naming `where`.
   void validate(const std::string& where) const;
   // config.json text exactly as diffusers writes it (keys sorted, nulls for unused I2V fields).

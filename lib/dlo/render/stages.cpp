@@ -83,6 +83,7 @@ void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model,
     run.boundary_timestep = static_cast<float>(ratio * static_cast<double>(sc.num_train_timesteps));
     run.guidance_2 = job.guidance_2.value_or(job.guidance);
   }
+  run.per_token_timesteps = model.expand_timesteps;
   run.latents = initial_latents(model.latent_shape(job.frames, job.height, job.width), job.seed).to(device);
 }
 
@@ -98,7 +99,16 @@ void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, c
     guidance = run.guidance_now();
     if (hook) hook(i + 1, -1);
     const at::Tensor x = run.latents.to(dtype);
-    const at::Tensor t = run.scheduler->timesteps()[i].to(x.device()).expand({x.size(0)});
+    at::Tensor t = run.scheduler->timesteps()[i].to(x.device());
+    if (run.per_token_timesteps) {
+      // WanPipeline: (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(B, -1), mask = ones
+      // in fp32 of the latents' shape: fp32 t per token (a [1, 2, 2] patch, checked with the model).
+      const at::Tensor mask = at::ones({x.size(2), (x.size(3) + 1) / 2, (x.size(4) + 1) / 2},
+                                       at::TensorOptions().dtype(at::kFloat).device(x.device()));
+      t = (mask * t).flatten().unsqueeze(0).expand({x.size(0), -1});
+    } else {
+      t = t.expand({x.size(0)});
+    }
     branches.push_back({x, t, run.context});
     if (job.guided()) branches.push_back({x, t, run.negative_context});
   } catch (const std::exception& e) {

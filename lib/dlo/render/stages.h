@@ -57,6 +57,8 @@ struct JobRun {
   // Unset: one expert. Set by prepare_job.
   std::optional<float> boundary_timestep;
   double guidance_2 = 0;
+  // Wan2.2 TI2V (expand_timesteps): the step's timestep given per token, [B, L]. Set by prepare_job.
+  bool per_token_timesteps = false;
 
   // A run of `job` on `rank`; the result carries the job's id, index, output, parameters and
   // fingerprint.

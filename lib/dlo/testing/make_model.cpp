@@ -38,8 +38,9 @@ std::uint64_t write_peak_bytes(const std::vector<TensorSpec>& specs) {
   return peak;
 }
 
-// diffusers' UniPCMultistepScheduler config of the Wan2.1 T2V repos (wan-spec 3.6).
-std::string unipc_scheduler_json() {
+// diffusers' UniPCMultistepScheduler config of the Wan2.1 T2V repos (wan-spec 3.6); the converted
+// Wan2.2 TI2V-5B repo has flow_shift 5.0.
+std::string unipc_scheduler_json(double flow_shift) {
   nlohmann::ordered_json j = {{"_class_name", "UniPCMultistepScheduler"},
                               {"_diffusers_version", "0.42.1"},
                               {"beta_end", 0.02},
@@ -48,7 +49,7 @@ std::string unipc_scheduler_json() {
                               {"disable_corrector", nlohmann::json::array()},
                               {"dynamic_thresholding_ratio", 0.995},
                               {"final_sigmas_type", "zero"},
-                              {"flow_shift", 3.0},
+                              {"flow_shift", flow_shift},
                               {"lower_order_final", true},
                               {"num_train_timesteps", 1000},
                               {"predict_x0", true},
@@ -129,6 +130,7 @@ void check_make_model(const std::string& dir, const MakeModelOptions& o) {
               "boundary_ratio must be in [0, 1], got ", o.boundary_ratio);
   }
   if (has("vae")) o.vae.validate("vae config");
+  DLO_CHECK(std::isfinite(o.flow_shift) && o.flow_shift > 0, "flow_shift must be positive, got ", o.flow_shift);
   if (has("text_encoder")) o.text_encoder.validate("text encoder config");
   // WanPipeline feeds the VAE's latents to the transformer and its output back to the VAE.
   if (has("transformer") && has("vae") && !o.channels_follow_vae)
@@ -176,7 +178,7 @@ MakeModelResult make_model(const std::string& dir, const MakeModelOptions& optio
       index["boundary_ratio"] = o.boundary_ratio;
     } else if (comp == "scheduler") {
       make_folders(sub);
-      write_file_atomic(sub + "/scheduler_config.json", unipc_scheduler_json());
+      write_file_atomic(sub + "/scheduler_config.json", unipc_scheduler_json(o.flow_shift));
       index["scheduler"] = {"diffusers", "UniPCMultistepScheduler"};
     } else if (comp == "text_encoder") {
       result.bytes += write_random_umt5_encoder(sub, o.text_encoder, o.dtype, o.seed, o.shard_bytes).total_bytes;
@@ -192,6 +194,7 @@ MakeModelResult make_model(const std::string& dir, const MakeModelOptions& optio
     }
     result.written.push_back(sub);
   }
+  if (o.expand_timesteps) index["expand_timesteps"] = true;
   write_file_atomic((fs::path(dir) / "model_index.json").string(), index.dump(2) + "\n");
   return result;
 }

@@ -36,6 +36,9 @@ struct MakeModelOptions {
   // transformer_2 is written).
   std::vector<std::string> components{"transformer", "scheduler", "vae", "text_encoder", "tokenizer"};
   double boundary_ratio = 0.875;  // model_index.json's, with transformer_2 (Wan2.2 T2V-A14B's value)
+  // model_index.json's expand_timesteps (Wan2.2 TI2V-5B: one timestep per token).
+  bool expand_timesteps = false;
+  double flow_shift = 3.0;  // the scheduler's (3.0: Wan2.1 and the converted A14B; 5.0: TI2V-5B)
 };
 
 // What transformer_2's seed adds to MakeModelOptions::seed (its tensors have the same names as the
