@@ -55,7 +55,7 @@ MUTANTS=$(cat <<'EOF'
 18|lib/dlo/config/job.cpp|a frame-deciding field (steps) left out of the fingerprint|"add({\"steps\", \"steps\", JobFieldType::kInteger, JobFieldEffect::kFrames,"|"add({\"steps\", \"steps\", JobFieldType::kInteger, JobFieldEffect::kNone,"
 19|lib/dlo/config/job.cpp|frames checked as 4k instead of 4k+1|"if ((n - 1) % tf != 0) {"|"if (n % tf != 0) {"
 20|lib/dlo/pipeline/manifest.cpp|precedence: defaults win over the command line|"for (const Fields* layer : {static_cast<const Fields*>(&raw[i].fields), &flags, &defaults,"|"for (const Fields* layer : {static_cast<const Fields*>(&raw[i].fields), &defaults, &flags,"
-21|lib/dlo/pipeline/job_scheduler.cpp|scheduler: every job handed to rank 0, whoever asked|"if (reports[static_cast<std::size_t>(r)].wants_job) assign(next_job_++, r, d.assignments);"|"if (reports[static_cast<std::size_t>(r)].wants_job) assign(next_job_++, 0, d.assignments);"
+21|lib/dlo/pipeline/job_scheduler.cpp|scheduler: every job handed to rank 0, whoever asked|"if (reports[static_cast<std::size_t>(r)].wants_job) assign_next(r, given_high_, given_low_, d.assignments);"|"if (reports[static_cast<std::size_t>(r)].wants_job) assign_next(0, given_high_, given_low_, d.assignments);"
 22|lib/dlo/pipeline/job_scheduler.cpp|scheduler: a rank asks for a job while a prepared one still waits|"  if (in.has_next) return false;\n"|""
 23|lib/dlo/diffusion/flow_euler.cpp|flow-match Euler: the step taken backwards|"at::Tensor prev = x + dt * model_output;"|"at::Tensor prev = x - dt * model_output;"
 24|lib/dlo/media/video_writer.cpp|FFV1: red and blue swapped in bgr0 (the lossless output no longer decodes to the frames)|"            d[4 * x] = s[3 * x + 2];\n            d[4 * x + 1] = s[3 * x + 1];\n            d[4 * x + 2] = s[3 * x];"|"            d[4 * x] = s[3 * x];\n            d[4 * x + 1] = s[3 * x + 1];\n            d[4 * x + 2] = s[3 * x + 2];"
@@ -71,6 +71,8 @@ MUTANTS=$(cat <<'EOF'
 34|lib/dlo/render/generate.cpp|the decode queue unbounded (a rank behind on its VAE still takes jobs)|"r.wants_job = scheduler_->should_ask(ask) && backlog < kDecodeBacklog;"|"r.wants_job = scheduler_->should_ask(ask);"
 35|lib/dlo/pipeline/results.cpp|the fingerprint names where the video is (moved folders count as changed; MP4 bytes depend on the folder)|"  fields.erase(\"output\");\n"|""
 36|lib/dlo/pipeline/manifest.cpp|a batch ignores the model folder's dlo_defaults.json (the demo model rendered at 480x832)|"&flags, &defaults,\n                                   static_cast<const Fields*>(&model_defaults)})"|"&flags, &defaults})"
+37|lib/dlo/pipeline/job_scheduler.cpp|expert alignment off: every rank steps its current job whatever the other ranks' experts|"    if (pick >= 0)\n      chosen ="|"    if (false)\n      chosen ="
+38|lib/dlo/render/generate.cpp|a job started early replaces the current one instead of parking it (the current job lost)|"      parked_.push_back(std::move(current_));\n      current_ = std::move(next_);"|"      current_ = std::move(next_);"
 EOF
 )
 

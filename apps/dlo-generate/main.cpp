@@ -70,6 +70,8 @@ cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
       cxxopts::value<std::string>()->default_value("0"))(
       "report", "write the results and every rank's engine and memory facts as JSON (rank 0)",
       cxxopts::value<std::string>())("keep-page-cache", "keep the checkpoint's pages cached after building the shards")(
+      "no-expert-alignment", "two experts: let each rank step its current job even when that makes a pass "
+      "stream both experts (default: park a job or start the next early to keep the ranks on one)")(
       "quiet", "print only errors and failed jobs")("help-fields", "print the job-field table (Markdown) and exit")(
       "h,help", "help");
   dlo::add_job_field_flags(opts);
@@ -82,7 +84,8 @@ cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
       "fail-io-at-pass", "this rank fails with an I/O error at that pass boundary", cxxopts::value<std::string>())(
       "fail-rank", "the rank of --fail-at-block / --fail-io-at-pass (default: every rank)",
       cxxopts::value<std::string>()->default_value("-1"))(
-      "slow-decode-ms", "every VAE decode waits this long first (a slow decoder)", cxxopts::value<std::string>());
+      "slow-decode-ms", "every VAE decode waits this long first (a slow decoder)", cxxopts::value<std::string>())(
+      "await-prepared", "at each pass boundary wait for this rank's next job's prompts (deterministic scheduling)");
   return opts;
 }
 
@@ -111,6 +114,7 @@ dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
   if (const char* id = std::getenv("NCCL_HOSTID")) go.host_id = id;
   go.device = a["device"].as<std::string>();
   go.keep_page_cache = a.count("keep-page-cache") > 0;
+  go.align_experts = a.count("no-expert-alignment") == 0;
   const int rank = static_cast<int>(int_flag(a, "fail-rank"));
   if (a.count("fail-job")) {
     go.faults.compute_job = int_flag(a, "fail-job");
@@ -120,6 +124,7 @@ dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
   if (a.count("fail-at-block")) go.faults.transfer_block = int_flag(a, "fail-at-block"), go.faults.transfer_rank = rank;
   if (a.count("fail-io-at-pass")) go.faults.io_pass = int_flag(a, "fail-io-at-pass"), go.faults.io_rank = rank < 0 ? 0 : rank;
   if (a.count("slow-decode-ms")) go.faults.decode_delay_ms = int_flag(a, "slow-decode-ms");
+  go.faults.await_prepared = a.count("await-prepared") > 0;
   return go;
 }
 

@@ -7,8 +7,13 @@
 #     counts the passes that streamed both experts, and both experts' engines gathered;
 #     a drifting batch (many passes on both experts, their blocks traversed together) is the
 #     same at 2 and 3 ranks; a job failing in such a pass fails alone (exit 3);
-#  2. --dry-run counts both experts (their blocks, 2 slots each);
-#  3. a guidance_2 that would do nothing (guidance <= 1) is refused by name before any work: exit 2.
+#  2. expert alignment (the default): a batch whose jobs' phases differ (steps 3 and 8, shifts 3
+#     and 12), where ranks park jobs and start others early, gives each job the frames it has
+#     alone and without alignment, at 2 and 3 ranks (how many passes it saves also depends on
+#     the tail's timing, so it is reported here, asserted in test_job_scheduler, measured by
+#     tools/bench_experts.py);
+#  3. --dry-run counts both experts (their blocks, 2 slots each);
+#  4. a guidance_2 that would do nothing (guidance <= 1) is refused by name before any work: exit 2.
 # (That the frames are WanPipeline's: the parity label, tools/reference/pipeline_parity.py --two-experts.)
 #   experts_cli.sh BIN_DIR
 set -euo pipefail
@@ -22,7 +27,8 @@ cmp -s "$T/m/transformer/config.json" "$T/m/transformer_2/config.json" || fail "
 
 # Steps at shift 3 (UniPC): 6 steps have timesteps 999 923 818 667 429 9 -> 2 high-noise steps at
 # the folder's 0.875; 'owl' switches after 1 (0.95), 'sea' after 3 of 4 (0.5, Euler), so from the
-# second pass on the ranks are on different experts.
+# second pass on the ranks are on different experts. Section 1 runs without expert alignment, so
+# that passes on both experts happen.
 cat >"$T/jobs.yaml" <<YAML
 model: m
 output_dir: out
@@ -33,7 +39,7 @@ jobs:
   - {id: sea, prompt: "waves on a beach", steps: 4, boundary_ratio: 0.5, scheduler: euler}
   - {id: car, prompt: "a car on a road", steps: 5, guidance: 1, guidance_2: 1}
 YAML
-GEN=("$BIN/dlo-generate" --threads 1 --quiet)
+GEN=("$BIN/dlo-generate" --threads 1 --quiet --no-expert-alignment)
 sha_of() { grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4; }
 
 run() {  # run NAME NP ARGS...: the batch; every job's sha checked against the reference
@@ -117,13 +123,52 @@ for where in 1 -1; do
   echo "ok: a job failing in a pass on both experts (block $where) fails alone; the others' frames unchanged"
 done
 
-# 2. The dry run counts both experts.
+# 2. Expert alignment: 8 jobs alternating 8 steps at shift 12 and 3 steps at shift 3 (as the issue's
+# mixed batch: their high-noise phases differ), rendered alone, then as a batch at 2 and 3 ranks
+# with and without alignment.
+cat >"$T/mix.yaml" <<YAML
+model: m
+output_dir: out
+defaults: {frames: 5, height: 32, width: 48, guidance: 4.0, guidance_2: 3.0, format: png}
+jobs:
+YAML
+for i in 0 1 2 3 4 5 6 7; do
+  if (( i % 2 )); then st=3 sh=3; else st=8 sh=12; fi
+  echo "  - {id: x$i, prompt: \"mixed $i\", steps: $st, flow_shift: $sh, seed: $i}" >>"$T/mix.yaml"
+done
+ALIGNED=("$BIN/dlo-generate" --threads 1 --quiet --await-prepared)
+mshas() { for i in 0 1 2 3 4 5 6 7; do sha_of "$T/out/results.jsonl" x$i; done | tr '\n' ' '; }
+both_of() { grep -o '"passes_streaming_both_experts": [0-9]*' "$1" | head -1 | grep -o '[0-9]*$'; }
+alone=""
+for i in 0 1; do  # one job of each kind alone (the batch's frames must be theirs)
+  if (( i % 2 )); then st=3 sh=3; else st=8 sh=12; fi
+  "${ALIGNED[@]}" --model "$T/m" --prompt "mixed $i" --steps $st --flow-shift $sh --seed $i --frames 5 --height 32 \
+    --width 48 --guidance 4 --guidance-2 3 --format png --out "$T/alone$i" --report "$T/alone$i.json"
+  alone+="$(grep -o '"frames_sha256": "[0-9a-f]*"' "$T/alone$i.json" | cut -d'"' -f4) "
+done
+for np in 2 3; do
+  rm -rf "$T/out"; mpirun -np $np "${GEN[@]}" --jobs "$T/mix.yaml" --offload dlo --report "$T/mixoff$np.json"
+  off=$(mshas)
+  rm -rf "$T/out"; mpirun -np $np "${ALIGNED[@]}" --jobs "$T/mix.yaml" --offload dlo --report "$T/mixon$np.json"
+  [ "$(grep -c '"status":"ok"' "$T/out/results.jsonl")" = 8 ] || fail "aligned batch at $np ranks: $(cat "$T/out/results.jsonl")"
+  [ "$(mshas)" = "$off" ] || fail "aligned batch at $np ranks: frames $(mshas) differ from unaligned $off"
+  [ "$(echo "$off" | cut -d' ' -f1-2) " = "$alone" ] || fail "the batch's x0/x1 differ from the jobs alone ($alone)"
+  b_off=$(both_of "$T/mixoff$np.json") b_on=$(both_of "$T/mixon$np.json")
+  sw=$(grep -o '"expert_alignment_switches": [0-9]*' "$T/mixon$np.json" | grep -o '[0-9]*$' | paste -sd+ | bc)
+  [ -n "$b_on" ] && [ -n "$sw" ] || fail "$np ranks: the report lacks the alignment counts"
+  # With every next job prepared before the boundary (--await-prepared), the first passes are
+  # decided as in test_job_scheduler: ranks do park jobs and start others early.
+  [ "$sw" -ge 1 ] || fail "$np ranks: no rank parked a job or started one early"
+  echo "ok: $np ranks, 8 jobs of 8 steps at shift 12 and 3 at shift 3: frames as alone and unaligned (passes on both experts $b_off without alignment, $b_on with it; $sw parks/early starts)"
+done
+
+# 3. The dry run counts both experts.
 mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --dry-run --offload dlo --output-dir "$T/dry" >"$T/plan.txt"
 grep -q "(2 experts, both kept; largest" "$T/plan.txt" && grep -q "(4 slots: 2 per expert)" "$T/plan.txt" \
   || fail "--dry-run: $(cat "$T/plan.txt")"
 echo "ok: --dry-run counts both experts' blocks and slots"
 
-# 3. A guidance_2 that WanPipeline would ignore: refused where the job sets it beside its own
+# 4. A guidance_2 that WanPipeline would ignore: refused where the job sets it beside its own
 # guidance 1, naming the job and the field; defaults' guidance_2 beside a job that turns guidance
 # off is no error (the job renders unguided).
 sed 's/guidance: 1, guidance_2: 1/guidance: 1/' "$T/jobs.yaml" >"$T/off.yaml"

@@ -14,6 +14,19 @@
 // are encoded when its current job ends (should_ask), so jobs of different steps, sizes and
 // guidance mix freely and no rank waits behind another rank's longer job.
 //
+// Two experts: jobs of different lengths, shifts or boundaries drift ranks apart, one starting a
+// job's high-noise steps while another is in its low-noise ones, and such a pass streams both
+// experts (twice the gathers). The scheduler keeps the ranks' phases aligned where it can: a rank
+// holds up to 1 + kMaxParked jobs being denoised (its current one, and some parked), plus the next one being
+// prepared, and each pass the scheduler picks one expert that every rank can compute in (with its
+// current job, its parked one, or by starting its prepared next job early and parking the
+// current); only when no expert fits every rank does a pass stream both. That can only work if
+// every rank holds about as many high-noise steps as the others (in a pass where all compute, all
+// compute in the same expert), so jobs are not handed out strictly in order: the asking rank gets,
+// of the first 2 x ranks queued jobs, the one that leaves the ranks' remaining high- and low-noise
+// steps most even (the front job never waits more than that many hand-outs). Each job's steps stay
+// in order and each is computed once, so the frames are those of the job alone.
+//
 // Groups: an assignment names the ranks that render a job together. Today every group is one rank
 // (data parallelism); sequence and CFG parallelism give a job several ranks, and the rest of the
 // decision stays as it is.
@@ -21,10 +34,14 @@
 // Thread-safety: none (one thread drives a scheduler).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 namespace dlo {
+
+// Expert alignment: the jobs a rank may hold paused besides its current one.
+inline constexpr int kMaxParked = 3;
 
 // What one rank says at a pass boundary.
 struct RankReport {
@@ -35,9 +52,19 @@ struct RankReport {
   std::int64_t steps_done = 0;      // of `current`
   std::int64_t next = -1;           // a job assigned to it whose prompts are being prepared (-1: none)
   int expert = 0;                   // the expert (0 .. kMaxExperts - 1) `current`'s next step runs
+  // Expert alignment (two experts): jobs paused so that the rank could compute in a pass's expert
+  // (-1: none; the first `parked_count()` are set, oldest first), each with its steps done and its
+  // next step's expert; and whether `next` is prepared (it may then start early) and its first
+  // step's expert.
+  std::array<std::int64_t, kMaxParked> parked{-1, -1, -1};
+  std::array<std::int64_t, kMaxParked> parked_steps_done{};
+  std::array<int, kMaxParked> parked_expert{};
+  bool next_ready = false;
+  int next_expert = 0;
+  int parked_count() const;
 
   // The report as a fixed number of integers (the exchange carries kWords per rank), and back.
-  static constexpr std::size_t kWords = 7;
+  static constexpr std::size_t kWords = 9 + 3 * kMaxParked;
   void encode(std::int64_t* out) const;
   static RankReport decode(const std::int64_t* in);
 };
@@ -63,8 +90,12 @@ struct PassDecision {
   // both compute in the same pass.
   unsigned experts = 0;
   std::vector<JobAssignment> assignments;  // jobs handed out at this boundary
-  std::vector<std::int64_t> rank_job;      // per rank: the job it computes in this pass (-1: none)
-  std::vector<std::int64_t> rank_step;     // per rank: that job's steps done
+  // Per rank: the job it computes in this pass (-1: none): its current one, its parked one (the
+  // current is parked), or its prepared next one (started early; the current is parked); that
+  // job's steps done, and the expert the step runs.
+  std::vector<std::int64_t> rank_job;
+  std::vector<std::int64_t> rank_step;
+  std::vector<int> rank_expert;
 };
 
 enum class JobState {
@@ -77,15 +108,22 @@ enum class JobState {
 // What a rank knows of its own jobs when it decides whether to ask (should_ask).
 struct AskInputs {
   bool has_current = false, has_next = false;
-  std::int64_t current_steps_left = 0;
+  std::int64_t current_steps_left = 0;  // of the current job and the parked one together
   double step_s = 0;  // the measured seconds of a denoising step (0: none measured yet)
   double text_s = 0;  // the measured seconds of preparing a job (its prompts)
+  // Two experts: every job it holds is past its high-noise steps, so without a new job it could
+  // not join a pass of expert 0 (expert alignment).
+  bool only_low_noise = false;
 };
 
 class JobScheduler {
  public:
-  // `steps[i]`: the denoising steps of job i. Throws nothing; ranks >= 1.
-  JobScheduler(std::vector<std::int64_t> steps, int ranks);
+  // `steps[i]`: the denoising steps of job i; `high_steps[i]` (two experts): how many of them run
+  // expert 0 (a prefix: timesteps fall); empty: one expert, jobs handed out in order. Throws
+  // nothing; ranks >= 1. `align_experts` false: jobs in order, every rank always computes its
+  // current job (no parking, no early start).
+  JobScheduler(std::vector<std::int64_t> steps, int ranks, bool align_experts = true,
+               std::vector<std::int64_t> high_steps = {});
 
   // Before the wave: jobs 0 .. min(ranks, jobs) - 1 go to ranks 0, 1, ... (their prompts are
   // encoded before the engine exists). Call once, first.
@@ -96,9 +134,10 @@ class JobScheduler {
   PassDecision schedule(const std::vector<RankReport>& reports);
 
   // The policy a rank's wants_job follows: never while it holds a prepared next job; at once while
-  // more jobs wait than there are ranks; near the end of the batch only when its current job is
-  // about to end (within the time of preparing a job and one step), so that the last jobs go to
-  // whichever ranks free up first.
+  // more jobs wait than there are ranks, or (expert alignment) while it holds only low-noise
+  // steps and fewer than kMaxParked jobs are parked; near the end of the batch only when its
+  // current job is about to end (within the time of preparing a job and one step), so that the
+  // last jobs go to whichever ranks free up first.
   bool should_ask(const AskInputs& in) const;
 
   // Steps not yet computed over the batch (queued and assigned jobs in full, held ones less their
@@ -109,22 +148,33 @@ class JobScheduler {
 
   JobState state(std::int64_t job) const { return state_.at(static_cast<std::size_t>(job)); }
   std::int64_t jobs() const { return static_cast<std::int64_t>(steps_.size()); }
-  std::int64_t jobs_unassigned() const { return jobs() - next_job_; }
+  std::int64_t jobs_unassigned() const { return static_cast<std::int64_t>(queue_.size()); }
   // Passes so far whose traversal streamed more than one expert (ranks on different experts).
   std::int64_t passes_streaming_all_experts() const { return mixed_passes_; }
   int ranks() const { return ranks_; }
 
  private:
   void assign(std::int64_t job, int rank, std::vector<JobAssignment>& out);
+  // Hands rank `rank` a queued job (see the top), given each rank's remaining high- and low-noise
+  // steps, which it updates.
+  void assign_next(int rank, std::vector<std::int64_t>& high_left, std::vector<std::int64_t>& low_left,
+                   std::vector<JobAssignment>& out);
+  std::int64_t high_of(std::int64_t job) const;
+  // The expert of the pass (or -1: each rank its current job's) and each rank's job in it.
+  void choose_work(const std::vector<RankReport>& reports, PassDecision& d) const;
 
-  std::vector<std::int64_t> steps_, done_steps_;
+  std::vector<std::int64_t> steps_, done_steps_, high_steps_;
+  std::vector<std::int64_t> queue_;  // queued jobs, in manifest order
+  std::int64_t front_skipped_ = 0;   // hand-outs that passed over queue_.front()
+  // Per rank: the high- and low-noise steps of the jobs it has been given so far.
+  std::vector<std::int64_t> given_high_, given_low_;
   std::vector<JobState> state_;
   std::vector<int> owner_;  // per job: the rank it was given to (-1: none)
   int ranks_;
-  std::int64_t next_job_ = 0;
   std::int64_t pass_ = 0;
   std::int64_t mixed_passes_ = 0;
   bool started_ = false;
+  bool align_experts_ = true;
 };
 
 }  // namespace dlo

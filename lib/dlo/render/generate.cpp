@@ -211,12 +211,13 @@ class BatchRun {
                          runners_.size() > 1 ? str("; ", runners_.size(), " experts, each rank holding its share of both")
                                              : std::string());
     // A job that does not fit fails alone, recorded by rank 0, before anything is prepared for it.
-    std::vector<std::int64_t> steps;
+    std::vector<std::int64_t> steps, high_steps;
     for (std::size_t i = 0; i < jobs_.size(); ++i) {
       const auto r = std::find(memory_.refused.begin(), memory_.refused.end(), static_cast<std::int64_t>(i));
       if (r == memory_.refused.end()) {
         runnable_.push_back(static_cast<std::int64_t>(i));
         steps.push_back(jobs_[i].spec.steps);
+        if (model_.two_experts()) high_steps.push_back(high_noise_steps(jobs_[i].spec, model_));
         continue;
       }
       if (me_ != 0) continue;
@@ -224,7 +225,7 @@ class BatchRun {
       refused.fail(str("does not fit in memory: ", memory_.refused_why[static_cast<std::size_t>(r - memory_.refused.begin())]));
       record(refused.result);
     }
-    scheduler_ = std::make_unique<JobScheduler>(std::move(steps), ranks_);
+    scheduler_ = std::make_unique<JobScheduler>(std::move(steps), ranks_, o_.align_experts, std::move(high_steps));
     // The first jobs' prompts are encoded before the engine's slots exist.
     for (const auto& a : scheduler_->initial_assignments())
       if (std::find(a.ranks.begin(), a.ranks.end(), me_) != a.ranks.end()) {
@@ -309,20 +310,31 @@ class BatchRun {
 
   RankReport boundary_report() {
     for (auto& r : finished_.take()) record(std::move(r));
-    if (!current_.run && next_.run && next_.ready->load(std::memory_order_acquire)) {
+    if (o_.faults.await_prepared && next_.run) text_worker_.drain();
+    const bool next_ready = next_.run && next_.ready->load(std::memory_order_acquire);
+    if (next_ready) text_est_s_ = next_.run->result.text_s;
+    if (next_ready && next_.run->failed()) {  // its prompts could not be encoded
+      record(next_.run->result);
+      next_ = Slot{};
+    }
+    if (!current_.run && !parked_.empty()) {  // the oldest parked job resumes
+      current_ = std::move(parked_.front());
+      parked_.erase(parked_.begin());
+    }
+    if (!current_.run && next_ready && next_.run) {
       current_ = std::move(next_);
       next_ = Slot{};
-      text_est_s_ = current_.run->result.text_s;
-      if (current_.run->failed()) {  // its prompts could not be encoded
-        record(current_.run->result);
-        current_ = Slot{};
-      }
     }
     RankReport r;
     AskInputs ask;
     ask.has_current = current_.run != nullptr;
     ask.has_next = next_.run != nullptr;
     ask.current_steps_left = current_.run ? current_.run->steps_left() : 0;
+    for (const auto& p : parked_) ask.current_steps_left += p.run->steps_left();
+    if (runners_.size() > 1 && current_.run && parked_.size() < static_cast<std::size_t>(kMaxParked)) {
+      ask.only_low_noise = current_.run->expert() == 1;
+      for (const auto& p : parked_) ask.only_low_noise = ask.only_low_noise && p.run->expert() == 1;
+    }
     ask.step_s = step_est_s_;
     ask.text_s = text_est_s_;
     // A rank whose VAE is behind takes no new job: the queue of decodes (what a stop still waits
@@ -336,7 +348,35 @@ class BatchRun {
     r.steps_done = current_.run ? current_.run->steps_done : 0;
     r.next = next_.run ? next_.position : -1;
     r.expert = current_.run ? current_.run->expert() : 0;
+    for (std::size_t i = 0; i < parked_.size(); ++i) {
+      r.parked[i] = parked_[i].position;
+      r.parked_steps_done[i] = parked_[i].run->steps_done;
+      r.parked_expert[i] = parked_[i].run->expert();
+    }
+    r.next_ready = next_.run && next_ready;
+    r.next_expert = r.next_ready ? next_.run->expert() : 0;
     return r;
+  }
+
+  // The job the pass decided this rank computes becomes current_: a parked one (resumed; the
+  // current one is parked last), or the prepared next one started early (the current is parked).
+  void take_decided_job(const PassDecision& d) {
+    const std::int64_t want = d.rank_job[static_cast<std::size_t>(me_)];
+    if (want < 0 || (current_.run && current_.position == want)) return;
+    const auto p = std::find_if(parked_.begin(), parked_.end(), [&](const Slot& s) { return s.position == want; });
+    if (p != parked_.end()) {
+      Slot resumed = std::move(*p);
+      parked_.erase(p);
+      parked_.push_back(std::move(current_));
+      current_ = std::move(resumed);
+    } else {
+      DLO_ASSERT(next_.run && next_.position == want && parked_.size() < static_cast<std::size_t>(kMaxParked), "pass ",
+                 d.pass, ": rank ", me_, " was given job ", want, " which it does not hold");
+      parked_.push_back(std::move(current_));
+      current_ = std::move(next_);
+      next_ = Slot{};
+    }
+    ++expert_switches_;
   }
 
   std::vector<RankReport> exchange(const RankReport& mine) {
@@ -447,6 +487,7 @@ class BatchRun {
         if (!next_.run) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         continue;
       }
+      take_decided_job(d);
       traverse(d.experts);
     }
   }
@@ -465,6 +506,7 @@ class BatchRun {
     decode_worker_.drain();
     for (auto& r : finished_.take()) record(std::move(r));
     current_ = Slot{};
+    parked_.clear();
     next_ = Slot{};
     collect("collecting the last results");
 
@@ -501,6 +543,7 @@ class BatchRun {
       }
       mine["experts"] = std::move(per);
       mine["passes_streaming_both_experts"] = mixed_passes;
+      mine["expert_alignment_switches"] = expert_switches_;  // this rank's parks and early starts
     }
     const auto all = world_.gather_strings(mine.dump(), 0, "collecting rank facts");
     if (me_ == 0) {
@@ -531,6 +574,7 @@ class BatchRun {
   GenerateReport report_;
   std::vector<std::string> pending_;  // this rank's result lines not yet at rank 0
   std::int64_t done_ = 0, failed_ = 0, traversals_ = 0, ghosts_ = 0, idle_ = 0, decode_waits_ = 0;
+  std::int64_t expert_switches_ = 0;
   int decode_peak_ = 0;
   double sync_s_ = 0, text_est_s_ = 0, step_est_s_ = 0, wave_s_ = 0;
   ProcessMemory at_start_;
@@ -539,7 +583,10 @@ class BatchRun {
   std::optional<WanVae> vae_;          // decode worker only
   ResultQueue finished_;
   std::atomic<int> decodes_in_flight_{0};  // posted to the decode worker, not yet finished
+  // current_: the job being denoised; parked_: jobs paused so that this rank could compute in a
+  // pass's expert (two experts; JobScheduler; oldest first); next_: the one being prepared.
   Slot current_, next_;
+  std::vector<Slot> parked_;
   Worker text_worker_, decode_worker_;  // destroyed first
 };
 

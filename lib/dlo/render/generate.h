@@ -48,6 +48,10 @@ struct FaultHooks {
   std::int64_t io_pass = -1;                         // at this pass boundary ...
   int io_rank = -1;                                  // ... this rank fails with an I/O error
   std::int64_t decode_delay_ms = 0;                  // every decode waits this long first
+  // At every pass boundary a rank waits until its next job's prompts are prepared: the
+  // scheduler's decisions then do not depend on how fast the text worker is (deterministic
+  // expert alignment in tests).
+  bool await_prepared = false;
 };
 
 struct GenerateOptions {
@@ -61,6 +65,9 @@ struct GenerateOptions {
   // This rank's host as NCCL sees it (NCCL_HOSTID, read by the app); empty: the hostname.
   std::string host_id;
   bool keep_page_cache = false;
+  // Two experts: keep the ranks on one expert per pass where they can, by parking a job or
+  // starting the next one early (JobScheduler). false: every rank always steps its current job.
+  bool align_experts = true;
   FaultHooks faults;
 };
 

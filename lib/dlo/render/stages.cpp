@@ -67,6 +67,31 @@ at::Tensor frames_to_uint8(const at::Tensor& chunk) {
   return (x.to(at::kFloat) * 255).to(at::kByte).permute({0, 2, 3, 1}).contiguous().to(at::kCPU);
 }
 
+namespace {
+
+// WanPipeline: boundary_ratio * scheduler.config.num_train_timesteps, in double (Python floats),
+// compared in fp32 (see JobRun::boundary_timestep).
+float boundary_timestep_of(const JobSpec& job, const ModelInfo& model, const NoiseSchedulerConfig& sc) {
+  const double ratio = job.boundary_ratio.value_or(model.boundary_ratio.value_or(0));
+  return static_cast<float>(ratio * static_cast<double>(sc.num_train_timesteps));
+}
+
+}  // namespace
+
+std::int64_t high_noise_steps(const JobSpec& job, const ModelInfo& model) {
+  if (!model.two_experts()) return job.steps;
+  const NoiseSchedulerConfig sc = job_scheduler_config(job, model);
+  const auto scheduler = make_noise_scheduler(sc);
+  scheduler->set_timesteps(job.steps);
+  const float boundary = boundary_timestep_of(job, model, sc);
+  const at::Tensor ts = scheduler->timesteps().to(at::kDouble).contiguous();
+  const std::int64_t n = std::min<std::int64_t>(job.steps, ts.size(0));
+  const double* t = ts.data_ptr<double>();
+  std::int64_t high = 0;
+  while (high < n && static_cast<float>(t[high]) >= boundary) ++high;
+  return high;
+}
+
 void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model, at::ScalarType dtype,
                  c10::Device device) {
   const JobSpec& job = run.job.spec;
@@ -78,9 +103,7 @@ void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model,
   run.scheduler = make_noise_scheduler(sc);
   run.scheduler->set_timesteps(job.steps);
   if (model.two_experts()) {
-    // WanPipeline: boundary_ratio * scheduler.config.num_train_timesteps, in double (Python floats).
-    const double ratio = job.boundary_ratio.value_or(model.boundary_ratio.value_or(0));
-    run.boundary_timestep = static_cast<float>(ratio * static_cast<double>(sc.num_train_timesteps));
+    run.boundary_timestep = boundary_timestep_of(job, model, sc);
     run.guidance_2 = job.guidance_2.value_or(job.guidance);
   }
   run.per_token_timesteps = model.expand_timesteps;

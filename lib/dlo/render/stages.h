@@ -73,6 +73,11 @@ struct JobRun {
   void fail(const std::string& what);
 };
 
+// Two experts: how many of the job's steps run expert 0 (transformer/): those whose timestep is
+// at least the boundary (a prefix: timesteps fall), as JobRun::expert() decides them; one expert:
+// all. For the job scheduler's expert alignment, before any job is prepared.
+std::int64_t high_noise_steps(const JobSpec& job, const ModelInfo& model);
+
 // The latents WanPipeline starts from: randn(shape) in fp32 from a CPU generator seeded with
 // `seed` (torch.Generator("cpu").manual_seed(seed) + randn_tensor), on the CPU.
 at::Tensor initial_latents(const std::vector<std::int64_t>& shape, std::uint64_t seed);
