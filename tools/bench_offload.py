@@ -149,6 +149,29 @@ def bench_memory(a, tmp):
 
 
 
+def bench_pack(a, tmp):
+    """An fp32 checkpoint (as diffusers publishes Wan2.2's) packed into bf16 shards: each rank reads
+    and converts only its 1/N byte range and gives the pages back, so the peak stays near the bf16
+    shards, not the fp32 file."""
+    model = os.path.join(tmp, "pack")
+    size = make(a.bin, model, "--preset", "wan2.1-t2v-14b", "--layers", str(a.pack_layers), "--dtype", "fp32")
+    inp = os.path.join(tmp, "pk_in.safetensors")
+    inputs(inp, 1, 4, 8, guidance=False)
+    evict(model)
+    r, peak = forward(a.bin, 2, model, inp, "dlo", tmp, cgroup=True, dtype="bf16")
+    x0 = r["ranks"][0]
+    shards = sum(x["host_bytes"] for x in r["ranks"])
+    slots = 2 * x0["slot_bytes"]
+    runtime = x0["rss_kb_before_engine"] * 1024
+    rest = peak - 2 * (slots + runtime)
+    print(f"pack: fp32 checkpoint {size / 2**30:.2f} GiB ({a.pack_layers} blocks of the 14B shape) into bf16 shards, "
+          f"2 ranks, dlo: shards {shards / 2**30:.2f} GiB in all ({x0['host_bytes'] / 2**30:.2f} GiB per rank), "
+          f"cgroup peak {peak / 2**30:.2f} GiB; minus 2 x (2 slots {slots / 2**30:.2f} GiB + process "
+          f"{runtime / 2**30:.2f} GiB) = {rest / 2**30:.2f} GiB = {rest / shards:.2f} x the shards, "
+          f"{rest / size:.2f} x the fp32 file; pack {x0['pack_s']:.1f} s")
+    sh(["rm", "-rf", model])
+
+
 def bench_scale(a, tmp):
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     model = os.path.join(tmp, "scale")
@@ -165,7 +188,7 @@ def bench_scale(a, tmp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", nargs="+", choices=["overlap", "guidance", "memory", "scale"])
+    ap.add_argument("what", nargs="+", choices=["overlap", "guidance", "memory", "scale", "pack"])
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", default=None)
     ap.add_argument("--layers", type=int, default=6)
@@ -174,6 +197,7 @@ def main():
     ap.add_argument("--text-len", type=int, default=512)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--mem-layers", type=int, default=6, help="14B-shape blocks for the dlo memory run (6: 4.4 GiB)")
+    ap.add_argument("--pack-layers", type=int, default=4, help="14B-shape blocks stored in fp32 for the pack run (4: 5.2 GiB)")
     ap.add_argument("--scale-layers", type=int, default=18, help="14B-shape blocks for the scale run (18: 12.2 GiB, just over half of 23.5 GiB)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:
