@@ -124,6 +124,12 @@ def bench_guidance(a, tmp):
           f"(ratios {out[True][0] / out[False][0]:.3f}, {out[True][1] / out[False][1]:.3f})")
 
 
+def peak_rest(peak, x0, ranks):
+    """The cgroup peak less each rank's constant part: two slots (host memory on the CPU) and the process."""
+    slots, runtime = 2 * x0["slot_bytes"], x0["rss_kb_before_engine"] * 1024
+    return slots, runtime, peak - ranks * (slots + runtime)
+
+
 def bench_memory(a, tmp):
     # dlo: a >= 4 GB checkpoint (14B-shape blocks); naive: the same per-rank logic on a model small
     # enough that 4 private copies fit in this machine's RAM.
@@ -138,10 +144,7 @@ def bench_memory(a, tmp):
         r, peak = forward(a.bin, 4, model, inp, offload, tmp, *extra, cgroup=True, dtype="bf16")
         pss = sum(x["pss_kb"] for x in r["ranks"]) * 1024
         x0 = r["ranks"][0]
-        slots = 2 * x0["slot_bytes"]
-        # Per-rank constant: the two slots (host memory on the CPU) and the process (libtorch, ...).
-        runtime = x0["rss_kb_before_engine"] * 1024
-        rest = peak - 4 * (slots + runtime)
+        slots, runtime, rest = peak_rest(peak, x0, 4)
         print(f"memory: {name}: checkpoint {size / 2**30:.2f} GiB, 4 ranks: cgroup peak {peak / 2**30:.2f} GiB "
               f"= {peak / size:.2f} x model; minus 4 x (2 slots {slots / 2**30:.2f} GiB + process "
               f"{runtime / 2**30:.2f} GiB) = {rest / 2**30:.2f} GiB = {rest / size:.2f} x model; "
@@ -161,9 +164,7 @@ def bench_pack(a, tmp):
     r, peak = forward(a.bin, 2, model, inp, "dlo", tmp, cgroup=True, dtype="bf16")
     x0 = r["ranks"][0]
     shards = sum(x["host_bytes"] for x in r["ranks"])
-    slots = 2 * x0["slot_bytes"]
-    runtime = x0["rss_kb_before_engine"] * 1024
-    rest = peak - 2 * (slots + runtime)
+    slots, runtime, rest = peak_rest(peak, x0, 2)
     print(f"pack: fp32 checkpoint {size / 2**30:.2f} GiB ({a.pack_layers} blocks of the 14B shape) into bf16 shards, "
           f"2 ranks, dlo: shards {shards / 2**30:.2f} GiB in all ({x0['host_bytes'] / 2**30:.2f} GiB per rank), "
           f"cgroup peak {peak / 2**30:.2f} GiB; minus 2 x (2 slots {slots / 2**30:.2f} GiB + process "

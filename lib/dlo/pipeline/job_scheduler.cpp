@@ -69,21 +69,22 @@ std::int64_t JobScheduler::high_of(std::int64_t job) const {
   return high_steps_.empty() ? steps_[j] : std::clamp<std::int64_t>(high_steps_[j], 0, steps_[j]);
 }
 
-void JobScheduler::assign_next(int rank, std::vector<std::int64_t>& high_left, std::vector<std::int64_t>& low_left,
-                               std::vector<JobAssignment>& out) {
+void JobScheduler::assign_next(int rank, std::vector<JobAssignment>& out) {
+  auto& high = given_high_;
+  auto& low = given_low_;
   std::size_t pick = 0;
   const std::size_t window = std::min(queue_.size(), static_cast<std::size_t>(2 * ranks_));
   if (align_experts_ && !high_steps_.empty() && front_skipped_ < static_cast<std::int64_t>(window)) {
-    // The job after which the ranks' remaining high- and low-noise steps are most even.
+    // The job after which the high- and low-noise steps given to each rank so far are most even.
     std::int64_t best = -1;
     for (std::size_t q = 0; q < window; ++q) {
       const std::int64_t j = queue_[q], h = high_of(j), l = steps_[static_cast<std::size_t>(j)] - h;
-      std::int64_t hmin = high_left[static_cast<std::size_t>(rank)] + h, hmax = hmin;
-      std::int64_t lmin = low_left[static_cast<std::size_t>(rank)] + l, lmax = lmin;
+      std::int64_t hmin = high[static_cast<std::size_t>(rank)] + h, hmax = hmin;
+      std::int64_t lmin = low[static_cast<std::size_t>(rank)] + l, lmax = lmin;
       for (int r = 0; r < ranks_; ++r) {
         if (r == rank) continue;
-        hmin = std::min(hmin, high_left[static_cast<std::size_t>(r)]), hmax = std::max(hmax, high_left[static_cast<std::size_t>(r)]);
-        lmin = std::min(lmin, low_left[static_cast<std::size_t>(r)]), lmax = std::max(lmax, low_left[static_cast<std::size_t>(r)]);
+        hmin = std::min(hmin, high[static_cast<std::size_t>(r)]), hmax = std::max(hmax, high[static_cast<std::size_t>(r)]);
+        lmin = std::min(lmin, low[static_cast<std::size_t>(r)]), lmax = std::max(lmax, low[static_cast<std::size_t>(r)]);
       }
       const std::int64_t cost = (hmax - hmin) + (lmax - lmin);
       if (best < 0 || cost < best) best = cost, pick = q;
@@ -92,8 +93,8 @@ void JobScheduler::assign_next(int rank, std::vector<std::int64_t>& high_left, s
   front_skipped_ = pick == 0 ? 0 : front_skipped_ + 1;
   const std::int64_t job = queue_[pick];
   queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(pick));
-  high_left[static_cast<std::size_t>(rank)] += high_of(job);
-  low_left[static_cast<std::size_t>(rank)] += steps_[static_cast<std::size_t>(job)] - high_of(job);
+  high[static_cast<std::size_t>(rank)] += high_of(job);
+  low[static_cast<std::size_t>(rank)] += steps_[static_cast<std::size_t>(job)] - high_of(job);
   assign(job, rank, out);
 }
 
@@ -163,7 +164,7 @@ std::vector<JobAssignment> JobScheduler::initial_assignments() {
   DLO_ASSERT(!started_, "initial_assignments called twice");
   started_ = true;
   std::vector<JobAssignment> out;
-  for (int r = 0; r < ranks_ && !queue_.empty(); ++r) assign_next(r, given_high_, given_low_, out);
+  for (int r = 0; r < ranks_ && !queue_.empty(); ++r) assign_next(r, out);
   return out;
 }
 
@@ -214,7 +215,7 @@ PassDecision JobScheduler::schedule(const std::vector<RankReport>& reports) {
   if (d.stop) return d;
   if ((d.experts & (d.experts - 1)) != 0) ++mixed_passes_;
   for (int r = 0; r < ranks_ && !queue_.empty(); ++r)
-    if (reports[static_cast<std::size_t>(r)].wants_job) assign_next(r, given_high_, given_low_, d.assignments);
+    if (reports[static_cast<std::size_t>(r)].wants_job) assign_next(r, d.assignments);
   d.finished = !busy && d.assignments.empty() && queue_.empty();
   return d;
 }

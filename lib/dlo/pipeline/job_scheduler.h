@@ -23,8 +23,8 @@
 // current); only when no expert fits every rank does a pass stream both. That can only work if
 // every rank holds about as many high-noise steps as the others (in a pass where all compute, all
 // compute in the same expert), so jobs are not handed out strictly in order: the asking rank gets,
-// of the first 2 x ranks queued jobs, the one that leaves the ranks' remaining high- and low-noise
-// steps most even (the front job never waits more than that many hand-outs). Each job's steps stay
+// of the first 2 x ranks queued jobs, the one after which the high- and low-noise steps given to
+// each rank so far are most even (the front job never waits more than that many hand-outs). Each job's steps stay
 // in order and each is computed once, so the frames are those of the job alone.
 //
 // Groups: an assignment names the ranks that render a job together. Today every group is one rank
@@ -155,10 +155,8 @@ class JobScheduler {
 
  private:
   void assign(std::int64_t job, int rank, std::vector<JobAssignment>& out);
-  // Hands rank `rank` a queued job (see the top), given each rank's remaining high- and low-noise
-  // steps, which it updates.
-  void assign_next(int rank, std::vector<std::int64_t>& high_left, std::vector<std::int64_t>& low_left,
-                   std::vector<JobAssignment>& out);
+  // Hands rank `rank` a queued job (see the top) and counts its steps in given_high_/given_low_.
+  void assign_next(int rank, std::vector<JobAssignment>& out);
   std::int64_t high_of(std::int64_t job) const;
   // The expert of the pass (or -1: each rank its current job's) and each rank's job in it.
   void choose_work(const std::vector<RankReport>& reports, PassDecision& d) const;
