@@ -140,7 +140,7 @@ dlo::BatchPlan prompt_plan(const cxxopts::ParseResult& a, const dlo::JobFlags& f
   const dlo::ModelInfo model = dlo::read_model_info(p.model_dir);
   dlo::JobSpec job = dlo::prompt_job(flags, outputs.names(), std::random_device{}() & 0xffffffffu,
                                      dlo::read_model_job_defaults(p.model_dir));
-  dlo::check_prompt_job(job, model, outputs.names());
+  dlo::check_prompt_job(job, model, outputs.names(), flags);
   for (const std::string* out : {&job.output, &job.save_latents})
     DLO_CHECK(out->empty() || (dlo::canonical_path(*out) + "/").rfind(p.model_dir + "/", 0) != 0, "--",
               out == &job.output ? "out" : "save-latents", ": '", *out, "' is inside the model folder '", p.model_dir, "'");

@@ -4,7 +4,8 @@
 #  1. a batch whose ranks are on different experts in the same pass (jobs of different steps,
 #     boundaries and schedulers) gives every job the same frames at 1, 2 and 3 ranks and with every
 #     strategy (mixed split over the experts included), equal to the job rendered alone; the report
-#     counts the passes that streamed both experts, and both experts' engines gathered;
+#     counts the passes that streamed both experts, and each expert gathered exactly its plan's
+#     bytes (counted here from the safetensors headers) for the passes that streamed it;
 #     a drifting batch (many passes on both experts, their blocks traversed together) is the
 #     same at 2 and 3 ranks; a job failing in such a pass fails alone (exit 3);
 #  2. expert alignment (the default): a batch whose jobs' phases differ (steps 3 and 8, shifts 3
@@ -13,7 +14,8 @@
 #     the tail's timing, so it is reported here, asserted in test_job_scheduler, measured by
 #     tools/bench_experts.py);
 #  3. --dry-run counts both experts (their blocks, 2 slots each);
-#  4. a guidance_2 that would do nothing (guidance <= 1) is refused by name before any work: exit 2.
+#  4. a guidance_2 that would do nothing (guidance <= 1) is refused by name before any work: exit 2;
+#     one from defaults (the manifest's, the model's dlo_defaults.json) beside guidance 1 is not.
 # (That the frames are WanPipeline's: the parity label, tools/reference/pipeline_parity.py --two-experts.)
 #   experts_cli.sh BIN_DIR
 set -euo pipefail
@@ -72,6 +74,51 @@ print(f"ok: 2 ranks: {both} pass(es) streamed both experts; traversals per exper
       f"{[e['traversals'] for e in r['ranks'][0]['experts']]}; both engines gathered")
 PY
 run dlo3 3 --offload dlo
+# Bytes per pass = the experts it needs, counted from the plan here (stack_plan.h's layout rule on
+# the safetensors headers, not the engine's code): expert e gathers, per pass that streams it,
+# sum over its blocks of shard * (N - 1), shard = ceil(block bytes / N) rounded up to 256, a block
+# being its tensors (wan_block_tensor_names' order, 64-byte aligned) in the compute dtype (bf16;
+# diffusers' fp32 modules in fp32); the ring's last prefetch brings block 0 once more. Its passes
+# are the report's per-expert traversals (the scheduler's), so a pass on one expert moves only it.
+for np in 2 3; do
+python3 - "$T/m" "$T/dlo$np.json" "$np" <<'PY'
+import glob, json, struct, sys
+model, report, n = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
+SIZE = {"F32": 4, "BF16": 2, "F16": 2}
+FP32 = {"rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"}
+ORDER = [f"{a}.{p}.{w}" for a in ("attn1", "attn2") for p in ("to_q", "to_k", "to_v", "to_out.0") for w in ("weight", "bias")]
+ORDER = ORDER[:8] + ["attn1.norm_q.weight", "attn1.norm_k.weight"] + ORDER[8:] + ["attn2.norm_q.weight", "attn2.norm_k.weight"]
+def per_pass(folder):
+    shapes = {}
+    for f in glob.glob(f"{model}/{folder}/*.safetensors"):
+        with open(f, "rb") as fh:
+            (k,) = struct.unpack("<Q", fh.read(8))
+            shapes.update({k2: v["shape"] for k2, v in json.loads(fh.read(k)).items() if k2 != "__metadata__"})
+    cfg = json.load(open(f"{model}/{folder}/config.json"))
+    names = ORDER + (["norm2.weight", "norm2.bias"] if cfg["cross_attn_norm"] else []) + \
+        ["ffn.net.0.proj.weight", "ffn.net.0.proj.bias", "ffn.net.2.weight", "ffn.net.2.bias", "scale_shift_table"]
+    gathered = []
+    for i in range(cfg["num_layers"]):
+        off = 0
+        for t in names:
+            numel = 1
+            for d in shapes[f"blocks.{i}.{t}"]: numel *= d
+            off = (off + 63) // 64 * 64 + numel * SIZE["F32" if FP32 & set(t.split(".")) else "BF16"]
+        shard = ((off + n - 1) // n + 255) // 256 * 256
+        gathered.append(shard * (n - 1))
+    return sum(gathered), gathered[0]
+for rank in report["ranks"]:
+    for e, folder in enumerate(["transformer", "transformer_2"]):
+        x, (g, g0) = rank["experts"][e], per_pass(folder)
+        want = x["traversals"] * g + g0
+        assert x["bytes_gathered"] == want, f"{np} ranks, rank {rank['rank']}, {folder}: gathered {x['bytes_gathered']}, " \
+            f"the plan says {x['traversals']} passes x {g} + {g0} = {want}"
+    t = [x["traversals"] for x in rank["experts"]]
+    assert sum(t) - rank["passes_streaming_both_experts"] == rank["traversals"], rank
+print(f"ok: {n} ranks: every expert gathered its plan's bytes for exactly the passes that streamed it "
+      f"(passes per expert {t}, {report['ranks'][0]['passes_streaming_both_experts']} on both, {report['ranks'][0]['traversals']} in all)")
+PY
+done
 run layerwise2 2 --offload layerwise
 run shards2 2 --offload device-shards
 run mixed2 2 --offload mixed
@@ -181,4 +228,18 @@ set -e
 [ "$rc" = 2 ] || fail "guidance_2 without guidance: exit $rc, want 2: $(cat "$T/stderr")"
 grep -qF "job 3 (id 'car'): guidance_2: 3 has no effect with guidance 1" "$T/stderr" || fail "guidance_2 without guidance: $(cat "$T/stderr")"
 [ ! -e "$T/bad" ] || fail "the refused batch wrote $T/bad"
-echo "ok: guidance_2 > 1 beside the job's own guidance <= 1 is refused by name, nothing written; from defaults it is not"
+# The model folder's recommendation is a default too: its guidance_2 beside --guidance 1 renders unguided.
+cp -r "$T/m" "$T/md"
+echo '{"defaults": {"guidance": 4.0, "guidance_2": 3.0, "steps": 2, "frames": 5, "height": 32, "width": 48}}' >"$T/md/dlo_defaults.json"
+"${GEN[@]}" --model "$T/md" --prompt "an owl" --seed 5 --guidance 1 --format png --out "$T/md_off" --report "$T/md_off.json" \
+  || fail "dlo_defaults.json's guidance_2 beside --guidance 1 refused"
+"${GEN[@]}" --model "$T/m" --prompt "an owl" --seed 5 --guidance 1 --steps 2 --frames 5 --height 32 --width 48 --format png \
+  --out "$T/m_off" --report "$T/m_off.json"
+sha_md=$(grep -o '"frames_sha256": *"[0-9a-f]*"' "$T/md_off.json") sha_m=$(grep -o '"frames_sha256": *"[0-9a-f]*"' "$T/m_off.json")
+[ -n "$sha_md" ] && [ "$sha_md" = "$sha_m" ] || fail "dlo_defaults.json's guidance_2 changed an unguided job: $sha_md vs $sha_m"
+set +e
+"${GEN[@]}" --model "$T/md" --prompt "an owl" --guidance 1 --guidance-2 3 --out "$T/md_bad" >"$T/stdout" 2>"$T/stderr"
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -qF -- "--guidance-2: 3 has no effect with guidance 1" "$T/stderr" && [ ! -e "$T/md_bad" ] || fail "--guidance-2 beside --guidance 1: exit $rc: $(cat "$T/stderr")"
+echo "ok: guidance_2 > 1 beside the job's own guidance <= 1 is refused by name, nothing written; from defaults (the manifest's or dlo_defaults.json) it is not"

@@ -260,7 +260,34 @@ TEST_CASE("a --prompt job from flags: parsed by the table, the seed drawn when n
         "--seed: must be >= 0 (a seed is 0 .. 18446744073709551615), got -1\n  --steps: must be an integer, got 'abc'");
   dlo::ModelInfo info;
   info.transformer = dlo::WanTransformerConfig::preset("wan-test");
-  dlo::JobSpec bad = dlo::prompt_job({{"prompt", "x"}, {"height", "500"}, {"width", "64"}, {"frames", "5"}}, kVideoFormats, 1);
-  CHECK(dlo::test::error_of([&] { dlo::check_prompt_job(bad, info, kVideoFormats); })
+  const dlo::JobFlags flags = {{"prompt", "x"}, {"height", "500"}, {"width", "64"}, {"frames", "5"}};
+  dlo::JobSpec bad = dlo::prompt_job(flags, kVideoFormats, 1);
+  CHECK(dlo::test::error_of([&] { dlo::check_prompt_job(bad, info, kVideoFormats, flags); })
             .find("--height: 500 is not a multiple of 16") == 0);
+}
+
+TEST_CASE("a --prompt job's values from dlo_defaults.json: named at the file, moot beside a flag as in a manifest") {
+  dlo::ModelInfo info;
+  info.dir = "m";
+  info.transformer = dlo::WanTransformerConfig::preset("wan-test");
+  info.transformer_2 = info.transformer;
+  info.boundary_ratio = 0.875;
+  const std::map<std::string, dlo::JobFieldValue> recommended = {
+      {"guidance", 4.0}, {"guidance_2", 3.0}, {"height", std::int64_t{500}}};
+  // The folder recommends a height the model cannot render: the file is wrong, not a flag.
+  const dlo::JobFlags plain = {{"prompt", "x"}, {"width", "64"}, {"frames", "5"}};
+  const dlo::JobSpec j = dlo::prompt_job(plain, kVideoFormats, 1, recommended);
+  CHECK(dlo::test::error_of([&] { dlo::check_prompt_job(j, info, kVideoFormats, plain); }) ==
+        "m/dlo_defaults.json: defaults.height: 500 is not a multiple of 16 (the VAE's spatial factor 8 x the "
+        "transformer's patch 2); e.g. 496");
+  // Its guidance_2 beside --guidance 1: the user turned guidance off, nothing to refuse ...
+  dlo::JobFlags off = {{"prompt", "x"}, {"height", "64"}, {"width", "64"}, {"frames", "5"}, {"guidance", "1"}};
+  const dlo::JobSpec k = dlo::prompt_job(off, kVideoFormats, 1, recommended);
+  CHECK(k.guidance == 1.0);
+  CHECK(dlo::test::error_of([&] { dlo::check_prompt_job(k, info, kVideoFormats, off); }) == "(no error)");
+  // ... but --guidance-2 3 beside it is the user's own contradiction.
+  off["guidance_2"] = "3";
+  const dlo::JobSpec l = dlo::prompt_job(off, kVideoFormats, 1, recommended);
+  CHECK(dlo::test::error_of([&] { dlo::check_prompt_job(l, info, kVideoFormats, off); })
+            .find("--guidance-2: 3 has no effect with guidance 1") == 0);
 }

@@ -179,10 +179,18 @@ JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std:
   return job;
 }
 
-void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFormatNames& formats) {
+void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFormatNames& formats,
+                      const JobFlags& flags) {
   std::string msg;
-  for (const auto& p : validate_job(job, model, formats))
-    msg += str(msg.empty() ? "" : "\n  ", "--", find_job_field(p.field)->flag, ": ", p.message);
+  for (const auto& p : validate_job(job, model, formats)) {
+    const bool flagged = flags.count(p.field) > 0;
+    // The manifest's rule: a value from the model's defaults beside a flag that makes it moot
+    // (its guidance_2 beside --guidance 1) is no error; any other problem with it is the file's.
+    if (!flagged && !p.beside.empty() && flags.count(p.beside) > 0) continue;
+    const std::string where = flagged || model.dir.empty() ? str("--", find_job_field(p.field)->flag)
+                                                           : str(model_job_defaults_path(model.dir), ": defaults.", p.field);
+    msg += str(msg.empty() ? "" : "\n  ", where, ": ", p.message);
+  }
   DLO_CHECK(msg.empty(), msg);
 }
 

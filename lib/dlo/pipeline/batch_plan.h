@@ -84,8 +84,11 @@ JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std:
                    const std::map<std::string, JobFieldValue>& model_defaults = {});
 
 // The checks of a --prompt job that need the model's configs (validate_job), as one dlo::Error
-// (input) naming the flags ("--height: 500 is not a multiple of 16 ..."), one per line.
-void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFormatNames& formats);
+// (input) naming the flags ("--height: 500 is not a multiple of 16 ..."), one per line; a value
+// the job took from the model's dlo_defaults.json (not in `flags`) is named there, and is no
+// error where a flag makes it moot (FieldError::beside), as in a manifest.
+void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFormatNames& formats,
+                      const JobFlags& flags);
 
 struct BatchPlanOptions {
   std::string manifest;                      // --jobs FILE
