@@ -457,3 +457,62 @@ TEST_CASE("two engines traversed together (two experts, ranks on different ones)
     if (world().size() > 1 && is_sharded(sa)) CHECK(ea.stats().bytes_gathered > 0);
   }
 }
+
+TEST_CASE("an engine that sits passes out brings its block 0 in once (prefetch_entry): exact weights, a cold start's bytes") {
+  SharedDir dir;
+  std::vector<TensorSpec> specs;
+  std::vector<std::vector<std::string>> a_blocks, b_blocks;
+  for (int i = 0; i < 6; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    (i < 3 ? a_blocks : b_blocks).push_back({p + "w", p + "b"});
+    specs.push_back({p + "w", DType::F32, {7 + i, 9}});
+    specs.push_back({p + "b", DType::BF16, {i + 5}});
+  }
+  if (world().rank() == 0)
+    write_random_checkpoint(dir.file("e"), specs, [](const TensorSpec&) { return RandomInit{0.5, 3.0}; }, 4, WriteOptions{});
+  world().barrier();
+  auto ck = Checkpoint::open(dir.file("e"));
+  const auto stored = [&](const std::string& n) { return ck.at(n).dtype; };
+  StackPlan pa(ck, a_blocks, stored, world().size()), pb(ck, b_blocks, stored, world().size());
+  for (const Mode& m : every_mode(3)) {
+    CAPTURE(m.label);
+    auto ca = collective_for(Strategy::kDlo), cb = collective_for(m.strategy);
+    EngineOptions oa = options_for({Strategy::kDlo, 0, ""}), ob = options_for(m);
+    oa.collective = ca.get();
+    ob.collective = cb.get();
+    BlockEngine ea(pa, oa), eb(pb, ob);
+    const Expected want = expected(pb, m, world().size());
+    const auto moved = [](const EngineStats& s) {
+      return std::vector<std::uint64_t>{s.blocks_acquired, s.bytes_streamed, s.h2d_bytes, s.bytes_gathered};
+    };
+    const std::vector<std::uint64_t> none = {0, 0, 0, 0};
+    // B sits out A's passes: the first call starts block 0's transfer (a slot block's bytes, once),
+    // the others find it there or on its way.
+    const std::vector<std::uint64_t> entry =
+        want.slotted[0] ? std::vector<std::uint64_t>{0, want.streamed[0], want.h2d[0], want.gathered[0]} : none;
+    for (int pass = 0; pass < 3; ++pass) {
+      eb.prefetch_entry();
+      ea.traverse(nullptr);
+      CHECK(moved(eb.stats()) == entry);
+    }
+    // B's passes: the weights exact; in all, what a cold start moves (block 0 moved earlier, not twice).
+    constexpr std::uint64_t kPasses = 2;
+    for (std::uint64_t pass = 0; pass < kPasses; ++pass)
+      eb.traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
+        const auto& n = b_blocks[static_cast<std::size_t>(i)];
+        REQUIRE(w.size() == n.size());
+        for (std::size_t k = 0; k < n.size(); ++k) CHECK_MESSAGE(at::equal(w[k], tensor_view(ck, n[k])), n[k]);
+      });
+    const EngineStats s = eb.stats();
+    CHECK(s.blocks_acquired == kPasses * pb.num_blocks());
+    CHECK(s.bytes_streamed == want.total(want.streamed, kPasses));
+    CHECK(s.h2d_bytes == want.total(want.h2d, kPasses));
+    CHECK(s.bytes_gathered == want.total(want.gathered, kPasses));
+    // One entry wait per pass where block 0 comes through a slot; after the ring's last prefetch
+    // the entry is in place and a call moves nothing.
+    CHECK(s.entry_wait_s.size() == (want.slotted[0] ? kPasses : 0));
+    eb.prefetch_entry();
+    CHECK(moved(eb.stats()) == moved(s));
+    CHECK(ea.stats().entry_wait_s.size() == 3);
+  }
+}

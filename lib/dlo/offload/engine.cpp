@@ -302,6 +302,13 @@ Strategy BlockEngine::strategy() const { return impl_->opt.strategy; }
 const std::vector<at::Tensor>& BlockEngine::acquire(std::int64_t i) { return impl_->acquire(i); }
 void BlockEngine::release(std::int64_t i) { impl_->release(i); }
 
+void BlockEngine::prefetch_entry() {
+  Impl& m = *impl_;
+  if (m.opt.strategy == Strategy::kResident || m.parts.empty() || m.parts[0].direct) return;
+  DLO_ASSERT(!m.in_use[0] && !m.in_use[1], "prefetch_entry while a block is acquired");
+  m.request(0);  // no-op when block 0 is in a slot or on its way
+}
+
 void BlockEngine::traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute) {
   traverse_together({this}, compute ? 0 : -1, compute);
 }
@@ -338,7 +345,9 @@ void BlockEngine::traverse_together(const std::vector<BlockEngine*>& engines, in
 
 EngineStats BlockEngine::stats() const {
   EngineStats s = impl_->stats;
-  s.exposed_wait_s = impl_->transport->exposed_wait_s();
+  TransferWaits w = impl_->transport->waits();
+  s.exposed_wait_s = w.total_s;
+  s.entry_wait_s = std::move(w.entry_s);
   return s;
 }
 

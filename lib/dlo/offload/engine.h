@@ -83,6 +83,9 @@ struct EngineStats {
   std::uint64_t h2d_bytes = 0;       // bytes copied from host memory into slots (0 for device-held blocks)
   std::uint64_t bytes_gathered = 0;  // bytes received through the collective
   double exposed_wait_s = 0;         // time compute waited for a block's transfer
+  // Of which at each acquire of block 0, in order: a pass's entry, where a switch between
+  // experts lands (one engine's; empty in sum_engine_stats).
+  std::vector<double> entry_wait_s;
   double pack_s = 0;                 // building the shards at start
 };
 
@@ -121,6 +124,12 @@ class BlockEngine {
   const std::vector<at::Tensor>& acquire(std::int64_t i);
   // Work reading block i has been enqueued; its slot may be refilled once that work is done.
   void release(std::int64_t i);
+  // Starts bringing block 0 into a slot unless it is there or on its way (no-op when resident or
+  // used in place), so that a later pass enters without waiting: for an engine that sits out a
+  // pass while another streams (Wan2.2's second expert before its first step). Collective like
+  // acquire: every rank calls it at the same point of the same pass. Not while a block of this
+  // engine is acquired.
+  void prefetch_entry();
   // One pass over all blocks: acquire(i), compute(i, weights) unless compute is null, release(i).
   // If compute throws, the pass goes on without computing (the collective stays in step) and
   // BlockComputeError is thrown at its end; a failure of a transfer propagates as it happens.

@@ -39,12 +39,14 @@ std::string engine_stats_json(const EngineStats& s) {
                                  {"bytes_gathered", s.bytes_gathered},
                                  {"blocks_acquired", s.blocks_acquired},
                                  {"exposed_wait_s", s.exposed_wait_s},
+                                 {"entry_wait_s", s.entry_wait_s},
                                  {"pack_s", s.pack_s}})
       .dump();
 }
 
 EngineStats sum_engine_stats(const std::vector<EngineStats>& all) {
   EngineStats t = all.at(0);
+  t.entry_wait_s.clear();  // per engine
   for (std::size_t e = 1; e < all.size(); ++e) {
     const EngineStats& s = all[e];
     t.host_bytes += s.host_bytes;

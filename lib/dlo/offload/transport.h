@@ -66,6 +66,12 @@ struct TransportOptions {
   double gather_timeout_s = kDefaultGatherTimeoutS;     // CUDA watchdog: a gather not finished by then ends every rank
 };
 
+// How long compute waited for transfers, in seconds.
+struct TransferWaits {
+  double total_s = 0;
+  std::vector<double> entry_s;  // at each visit of block 0, in order
+};
+
 class Transport {
  public:
   // Waits for transfers in flight and stops any threads of its own. The memory it handed out
@@ -88,9 +94,10 @@ class Transport {
   virtual void wait_ready(std::int64_t block, int slot) = 0;
   // The compute reading `slot` has been issued (CUDA: enqueued on the current compute stream).
   virtual void release(int slot) = 0;
-  // Total time compute has waited for transfers so far, in seconds (CUDA: measured on the compute
-  // stream with events; this waits for the timed waits to have happened).
-  virtual double exposed_wait_s() = 0;
+  // Time compute has waited for transfers so far, in seconds (CUDA: measured on the compute
+  // stream with events; this waits for the timed waits to have happened): in all, and at each
+  // visit of block 0 in order (a pass's entry, where a switch between experts lands).
+  virtual TransferWaits waits() = 0;
 };
 
 std::unique_ptr<Transport> make_cpu_transport(const TransportOptions& options);

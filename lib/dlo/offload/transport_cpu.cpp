@@ -89,13 +89,15 @@ class CpuTransport final : public Transport {
     const auto t0 = Clock::now();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return slot_done_[slot] == block; });
-    exposed_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    waits_.total_s += waited;
+    if (block == 0) waits_.entry_s.push_back(waited);
     if (error_) std::rethrow_exception(error_);
   }
 
   void release(int) override {}  // the compute that read the slot has already run
 
-  double exposed_wait_s() override { return exposed_s_; }
+  TransferWaits waits() override { return waits_; }
 
  private:
   void transfer(const Transfer& t) {
@@ -146,7 +148,7 @@ class CpuTransport final : public Transport {
   std::array<std::int64_t, 2> slot_done_{-1, -1};  // block whose transfer into the slot finished
   bool stopping_ = false;
   std::exception_ptr error_;
-  double exposed_s_ = 0;
+  TransferWaits waits_;
 };
 
 }  // namespace

@@ -164,10 +164,10 @@ class CudaTransport final : public Transport {
     free_recorded_[slot] = true;
   }
 
-  double exposed_wait_s() override {
+  TransferWaits waits() override {
     c10::cuda::CUDAGuard guard(index_);
     for (std::size_t i = 0; i < stall_pending_.size(); ++i) harvest_stall(i);
-    return exposed_s_;
+    return waits_;
   }
 
  private:
@@ -195,7 +195,10 @@ class CudaTransport final : public Transport {
     if (!stall_pending_[i]) return;
     check(cudaEventSynchronize(stall_end_[i].get()), "cudaEventSynchronize");
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, stall_begin_[i].get(), stall_end_[i].get()) == cudaSuccess) exposed_s_ += ms / 1e3;
+    if (cudaEventElapsedTime(&ms, stall_begin_[i].get(), stall_end_[i].get()) == cudaSuccess) {
+      waits_.total_s += ms / 1e3;
+      if (i == 0) waits_.entry_s.push_back(ms / 1e3);
+    }
     stall_pending_[i] = false;
   }
 
@@ -239,7 +242,7 @@ class CudaTransport final : public Transport {
   std::array<bool, 2> free_recorded_{false, false};
   std::vector<cuda::Event> stall_begin_, stall_end_;  // per block: compute-stream wait, for exposed time
   std::vector<bool> stall_pending_;
-  double exposed_s_ = 0;
+  TransferWaits waits_;
   std::thread watchdog_;
   std::atomic<bool> watchdog_stop_{false};
   // The newest gather the watchdog times: its slot (-1: none) and when it was enqueued.

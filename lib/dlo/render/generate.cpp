@@ -418,6 +418,10 @@ class BatchRun {
       if (first < 0) first = static_cast<int>(e);
     }
     if (pass.size() == 1) pass.clear();  // one engine: its own traversal
+    // An expert that sits this pass out brings its block 0 in behind it (once: after its own
+    // passes block 0 is already there), so the switch to it does not wait for a transfer.
+    for (std::size_t e = 0; e < runners_.size(); ++e)
+      if ((experts & (1u << e)) == 0) runners_[e]->engine().prefetch_entry();
     if (mine >= 0)
       step(*runners_[static_cast<std::size_t>(mine)], pass);
     else
