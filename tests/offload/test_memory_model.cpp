@@ -84,20 +84,46 @@ TEST_CASE("a job's working memory is the counted forward's, and absurd sizes sat
   const JobMemory big = job_memory(m, job(std::int64_t{1} << 40, std::int64_t{1} << 40, 5), at::kBFloat16);
   CHECK(big.decode == kSaturated);  // not 0 B, as the unchecked product gave
   CHECK(big.working == kSaturated);
+  // Held between steps, by hand: latents [16, 21, 60, 104] in fp32 and 3 more of the scheduler's,
+  // two prompt contexts of 512 x 4096 in bf16.
+  CHECK(j.held == 4ULL * 16 * 21 * 60 * 104 * 4 + 2ULL * 512 * 4096 * 2);
+  CHECK(job_memory(m, job(480, 832, 81, 1.0), at::kBFloat16).held == 4ULL * 16 * 21 * 60 * 104 * 4 + 512ULL * 4096 * 2);
 }
 
-TEST_CASE("the batch's strategy is auto's for the largest job that fits; a job that fits no strategy fails alone") {
+TEST_CASE("the other jobs a rank holds (prepared next, parked) count in every job's working memory, the largest's") {
+  const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
+  const ModelInfo m = info_of(c);
+  const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
+  const std::vector<JobSpec> jobs = {job(256, 256, 17), job(480, 832, 81)};
+  const JobMemory small = job_memory(m, jobs[0], at::kBFloat16), large = job_memory(m, jobs[1], at::kBFloat16);
+  const BatchMemoryPlan p = plan_batch_memory(m, jobs, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4);
+  CHECK(p.jobs_held == 4);
+  CHECK(p.held == 4 * large.held);
+  CHECK(p.working == large.working + 4 * large.held);
+  CHECK(p.describe().find(" of it the 4 other job(s) a rank holds") != std::string::npos);
+  // A device just large enough for the small job alone refuses it with 4 large jobs held beside it.
+  const StrategyChoice dlo{Strategy::kDlo, 0, ""};
+  const std::uint64_t dev = 2 * stack.slot_bytes + stack.resident_bytes + small.working;
+  const BatchMemoryPlan alone = plan_batch_memory(m, {jobs[0]}, "dlo", stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 0);
+  CHECK(alone.refused.empty());
+  CHECK_THROWS_WITH(plan_batch_memory(m, {jobs[0]}, "dlo", stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 4),
+                    doctest::Contains("no job"));
+}
+
+TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job that fits no strategy fails alone") {
   const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
   const ModelInfo m = info_of(c);
   const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
   const MemoryBudget budget = gpu(80 * GB, 200 * GB);
   const std::vector<JobSpec> jobs = {job(480, 832, 81), job(16384, 16384, 1001), job(256, 256, 17)};
-  const BatchMemoryPlan p = plan_batch_memory(m, jobs, "auto", stack, budget, at::kBFloat16);
+  const BatchMemoryPlan p = plan_batch_memory(m, jobs, "auto", stack, budget, at::kBFloat16, 0);
   REQUIRE(p.refused == std::vector<std::int64_t>{1});
   CHECK(p.refused_why[0].find("one step needs about") == 0);
   CHECK(p.refused_why[0].find("more than the device budget") != std::string::npos);
-  // The same choice as auto makes for the largest job left.
-  const StrategyChoice direct = choose_strategy("auto", stack, job_memory(m, jobs[0], at::kBFloat16).working, budget);
+  // The same choice as auto makes for the largest job left (its working memory beside the
+  // weights outside the blocks, which every rank keeps on the device).
+  const StrategyChoice direct =
+      choose_strategy("auto", stack, stack.resident_bytes + job_memory(m, jobs[0], at::kBFloat16).working, budget);
   CHECK(p.choice.strategy == direct.strategy);
   CHECK(p.choice.reason == direct.reason);
   CHECK(p.working == job_memory(m, jobs[0], at::kBFloat16).working);
@@ -105,7 +131,7 @@ TEST_CASE("the batch's strategy is auto's for the largest job that fits; a job t
   CHECK(p.describe().find("job 1 does not fit") != std::string::npos);
   // Nothing fits: the batch is refused before work, naming the job.
   const std::string err = dlo::test::error_of([&] {
-    plan_batch_memory(m, {jobs[1]}, "auto", stack, budget, at::kBFloat16);
+    plan_batch_memory(m, {jobs[1]}, "auto", stack, budget, at::kBFloat16, 0);
   });
   CHECK_MESSAGE(err.find("no job of the batch fits in memory; the smallest, job 0 ('j16384'), needs about") == 0, err);
 }

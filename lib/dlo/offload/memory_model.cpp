@@ -102,6 +102,9 @@ JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType 
   const std::uint64_t top = static_cast<std::uint64_t>(*std::max_element(dims.begin(), dims.end()) / 2);
   const std::uint64_t pixels = sat_product({job.height, job.width});
   m.decode = sat_add(sat_mul(sat_mul(top, pixels), 4 * (4 * 4 + 2 * 6)), sat_mul(sat_mul(pixels, 3), 4));
+  const std::uint64_t latent = sat_mul(sat_product({s[1], s[2], s[3], s[4]}), 4);
+  const std::uint64_t context = sat_mul(sat_product({512, model.transformer.text_dim}), dtype_size(packed(dtype)));
+  m.held = sat_add(sat_mul(latent, 4), sat_mul(context, job.guided() ? 2 : 1));
   return m;
 }
 
@@ -166,13 +169,20 @@ std::string job_memory_problem(const StrategyChoice& choice, const StackSize& st
 
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
                                   const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
-                                  at::ScalarType dtype) {
+                                  at::ScalarType dtype, int jobs_held) {
   BatchMemoryPlan p;
   std::vector<JobMemory> mem;
-  std::set<std::uint64_t, std::greater<>> candidates;
   for (const auto& j : jobs) {
     mem.push_back(job_memory(model, j, dtype));
-    candidates.insert(working_for_choice(mem.back(), budget, stack));
+    p.held = std::max(p.held, mem.back().held);
+  }
+  // Any job may sit beside the largest ones held (parked, or prepared next).
+  p.jobs_held = std::max(0, jobs_held);
+  p.held = sat_mul(p.held, static_cast<std::uint64_t>(p.jobs_held));
+  std::set<std::uint64_t, std::greater<>> candidates;
+  for (auto& m : mem) {
+    m.working = sat_add(m.working, p.held);
+    candidates.insert(working_for_choice(m, budget, stack));
   }
   if (candidates.empty()) candidates.insert(0);  // nothing to render: the weights alone decide
   // The strategy for the largest job that leaves one: a job too large for every strategy must not
@@ -243,7 +253,9 @@ std::string BatchMemoryPlan::describe() const {
                       "  slots per rank       ", human_bytes(slots), experts > 1 && slots > 0 ? str(" (", 2 * experts, " slots: 2 per expert)") : std::string(), "\n",
                       "  outside the blocks   ", human_bytes(resident), " (embeddings and head",
                       experts > 1 ? ", every expert's" : "", ", on the device)\n",
-                      "  working (largest)    ", human_bytes(working), " per denoising step\n",
+                      "  working (largest)    ", human_bytes(working), " per denoising step",
+                      held > 0 ? str(" (", human_bytes(held), " of it the ", jobs_held, " other job(s) a rank holds: latents, prompts)")
+                               : std::string(), "\n",
                       "  VAE decode (est.)    ", human_bytes(decode), "\n",
                       "  text encoder         ", human_bytes(text_encoder), " (mmap, shared by a node's ranks)\n",
                       "  VAE weights          ", human_bytes(vae), "\n",

@@ -21,6 +21,11 @@ namespace dlo {
 struct JobMemory {
   std::uint64_t working = 0;  // one denoising step on the compute device (wan_forward_working_bytes)
   std::uint64_t decode = 0;   // the VAE decode on the host (the decoder's largest stage; rough)
+  // What the job keeps on the compute device between its steps, counted in `working` for the
+  // job itself: its latents (fp32), the scheduler's history (UniPC's: up to 3 more latent-sized
+  // fp32 tensors) and its prompt contexts (a branch each: 512 tokens x text_dim). A rank holds
+  // other jobs' too: the next one being prepared, and parked ones (plan_batch_memory's jobs_held).
+  std::uint64_t held = 0;
 };
 // Counted from the configs; `dtype` is the transformer's compute dtype.
 JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype);
@@ -41,7 +46,9 @@ std::string job_memory_problem(const StrategyChoice& choice, const StackSize& st
 
 struct BatchMemoryPlan {
   StrategyChoice choice;
-  std::uint64_t working = 0;  // the largest working memory of the jobs the choice was made for
+  std::uint64_t working = 0;  // the largest working memory of the jobs the choice was made for, held jobs' included
+  std::uint64_t held = 0;     // of which the other jobs a rank holds (jobs_held x the largest JobMemory::held)
+  int jobs_held = 0;
   // Jobs that fit no strategy beside the others (indices into the jobs given) and why: each fails
   // alone, recorded, before anything is prepared for it.
   std::vector<std::int64_t> refused;
@@ -65,10 +72,13 @@ struct BatchMemoryPlan {
 // (choose_strategy, with the largest working memory among the jobs that can fit; a job that
 // cannot fit beside the choice made for the others is refused), the per-job check for every job,
 // and the figures. `model` gives the checkpoint sizes of the text encoder and the VAE (file
-// sizes only). Throws dlo::Error when no job fits at all, or when a requested strategy cannot fit
-// its weights, with the figures.
+// sizes only). `jobs_held`: how many jobs a rank keeps on its device beside the one it computes
+// (the next one, prepared; with two experts and expert alignment also the parked ones), each
+// counted as the batch's largest JobMemory::held in every job's working memory. Throws
+// dlo::Error when no job fits at all, or when a requested strategy cannot fit its weights, with
+// the figures.
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
                                   const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
-                                  at::ScalarType dtype);
+                                  at::ScalarType dtype, int jobs_held);
 
 }  // namespace dlo

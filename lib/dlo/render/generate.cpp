@@ -131,7 +131,10 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
   BatchMemoryPlan plan;
   std::string error;
   try {
-    plan = plan_batch_memory(model, specs, o.offload, stack, budget, o.dtype);
+    // Beside its job a rank holds the next one, prepared, and with two experts aligned up to
+    // kMaxParked parked ones (generate's parked_).
+    const int held = 1 + (model.two_experts() && o.align_experts ? kMaxParked : 0);
+    plan = plan_batch_memory(model, specs, o.offload, stack, budget, o.dtype, held);
   } catch (const Error& e) {
     error = e.what();
   }
