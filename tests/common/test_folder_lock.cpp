@@ -86,7 +86,7 @@ TEST_CASE("a folder lock: held once, refused while held (naming the holder), fre
   CHECK(fs::exists(file));
 }
 
-TEST_CASE("a folder lock left by a holder that is gone is taken over; one on another host is not") {
+TEST_CASE("a folder lock left by a holder that is gone is taken over, one on another host is not") {
   TempDir d;
   const std::string dir = d.path().string(), file = d.file(".lock");
   const dlo::LockHolder me = dlo::FolderLock::self();

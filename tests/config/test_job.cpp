@@ -220,7 +220,7 @@ TEST_CASE("what the fingerprint covers: every field that decides the output chan
   CHECK(dlo::job_output_fields_json(named, info) == dlo::job_output_fields_json(base, info));
 }
 
-TEST_CASE("resolve_job: the first layer that has a field wins; the format defaults to the app's first") {
+TEST_CASE("resolve_job: the first layer that has a field wins, the format defaults to the app's first") {
   const std::map<std::string, dlo::JobFieldValue> job = {{"steps", std::int64_t{3}}};
   const std::map<std::string, dlo::JobFieldValue> flags = {{"steps", std::int64_t{7}}, {"crf", std::int64_t{18}}};
   const std::map<std::string, dlo::JobFieldValue> defaults = {{"crf", std::int64_t{30}}, {"fps", std::int64_t{24}}};

@@ -121,7 +121,7 @@ std::string error_of(const std::function<void()>& fn) {
 
 }  // namespace
 
-TEST_CASE("wait_nccl_call: ncclInProgress is not completion; it polls until the state is ncclSuccess") {
+TEST_CASE("wait_nccl_call: ncclInProgress is not completion, it polls until the state is ncclSuccess") {
   FakeOps::Log log;
   FakeOps ops(log);
   FakeClock clock;
@@ -135,7 +135,7 @@ TEST_CASE("wait_nccl_call: ncclInProgress is not completion; it polls until the 
   CHECK(clock.pauses == 5);  // a pause between polls, none after the last
 }
 
-TEST_CASE("wait_nccl_call: a call that returned ncclSuccess is complete without a poll; any other result is a failure") {
+TEST_CASE("wait_nccl_call: a call that returned ncclSuccess is complete without a poll, any other result is a failure") {
   FakeOps::Log log;
   FakeOps ops(log);
   FakeClock clock;
@@ -294,7 +294,7 @@ TEST_CASE("NcclComm::complete_init: a failed or unfinished set-up aborts the com
   }
 }
 
-TEST_CASE("NcclComm::close: finalize, wait for ncclSuccess, then destroy; silent when all goes well") {
+TEST_CASE("NcclComm::close: finalize, wait for ncclSuccess, then destroy, silent when all goes well") {
   Rig rig;
   rig.comm->complete_init(R::kSuccess);
   rig.script({R::kInProgress, R::kInProgress, R::kInProgress, R::kSuccess});

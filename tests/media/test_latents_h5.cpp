@@ -140,7 +140,7 @@ std::vector<std::string> names_of(const std::vector<LatentsEntry>& entries) {
 
 }  // namespace
 
-TEST_CASE("ranks write different entries at different times; h5py reads back every value, shape, attribute and flag") {
+TEST_CASE("ranks write different entries at different times, h5py reads back every value, shape, attribute and flag") {
   SharedDir dir(MPI_COMM_WORLD);
   const std::string path = dir.file("latents.h5");
   const std::vector<LatentsEntry> entries = batch_entries();

@@ -87,7 +87,7 @@ at::Tensor ulysses_forward(const WanTransformer& m, const at::Tensor& x, const a
 
 }  // namespace
 
-TEST_CASE("partitions: contiguous, in order, the first n % p parts one larger; worked out by hand") {
+TEST_CASE("partitions: contiguous, in order, the first n % p parts one larger, worked out by hand") {
   const Partition p = Partition::even(10, 3, "tokens");
   CHECK(p.size == std::vector<std::int64_t>{4, 3, 3});
   CHECK(p.offset == std::vector<std::int64_t>{0, 4, 7});

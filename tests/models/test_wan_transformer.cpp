@@ -131,7 +131,7 @@ TEST_CASE("bad inputs are refused with the input named") {
                        Error);
 }
 
-TEST_CASE("per-token timesteps: all tokens at t equal one timestep t; tokens at different t differ where they should") {
+TEST_CASE("per-token timesteps: all tokens at t equal one timestep t, tokens at different t differ where they should") {
   TempDir dir;
   write_random_wan_transformer(dir.file("t"), small_config(), DType::F32, 2, 0);
   auto m = WanTransformer::load(dir.file("t"), at::kFloat);

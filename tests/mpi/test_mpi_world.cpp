@@ -54,7 +54,7 @@ TEST_CASE("gather_strings and broadcast_string carry every byte, empty and large
   }
 }
 
-TEST_CASE("check_all: nothing when no rank has an error; the same combined error on every rank otherwise") {
+TEST_CASE("check_all: nothing when no rank has an error, the same combined error on every rank otherwise") {
   const auto& w = world();
   CHECK_NOTHROW(w.check_all(""));
   std::string msg;

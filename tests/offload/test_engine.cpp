@@ -132,7 +132,7 @@ Expected expected(const StackPlan& plan, const Mode& m, int ranks) {
 
 }  // namespace
 
-TEST_CASE("Wan forward through every strategy equals the resident model bit for bit; stats as planned") {
+TEST_CASE("Wan forward through every strategy equals the resident model bit for bit, stats as planned") {
   SharedDir dir;
   auto c = WanTransformerConfig::preset("wan-test");
   c.num_layers = 5;  // odd: slot parity flips between passes
@@ -332,7 +332,7 @@ TEST_CASE("blocks of different sizes and dtypes are gathered exactly, padding an
   }
 }
 
-TEST_CASE("mixed needs 0 < device_blocks < blocks; every rank refuses 0 and all with the same message") {
+TEST_CASE("mixed needs 0 < device_blocks < blocks, every rank refuses 0 and all with the same message") {
   SharedDir dir;
   auto c = WanTransformerConfig::preset("wan-test");
   c.num_layers = 3;

@@ -122,7 +122,7 @@ TEST_CASE("auto prefers resident, then device shards, mixed, dlo, layerwise, and
   CHECK((c.strategy == Strategy::kLayerwise));
 }
 
-TEST_CASE("explicit strategies: mixed takes its block count from the budget, clamped; the host part is checked") {
+TEST_CASE("explicit strategies: mixed takes its block count from the budget, clamped, the host part is checked") {
   const StackSize s2 = blocks(10, 100, 2);
   auto c = choose_strategy("mixed", s2, 10 * MB, device_budget(500 * MB, 0));
   CHECK((c.strategy == Strategy::kMixed));
@@ -167,7 +167,7 @@ TEST_CASE("on the CPU without a device budget: the page cache, shared by the nod
                        Error);
 }
 
-TEST_CASE("agreed budget: a device budget makes the CPU a device of that size; the host figure is set") {
+TEST_CASE("agreed budget: a device budget makes the CPU a device of that size, the host figure is set") {
   int argc = 0;
   char** argv = nullptr;
   static MpiWorld world(&argc, &argv);
@@ -184,7 +184,7 @@ TEST_CASE("agreed budget: a device budget makes the CPU a device of that size; t
   CHECK(b.device == 0);
 }
 
-TEST_CASE("two experts: joined stacks count both experts' blocks and two slots per expert; mixed splits over them") {
+TEST_CASE("two experts: joined stacks count both experts' blocks and two slots per expert, mixed splits over them") {
   const StackSize joined = join_stacks({blocks(5, 100, 2), blocks(5, 100, 2)});
   CHECK(joined.stacks() == 2);
   CHECK(joined.total() == 1000 * MB);

@@ -68,7 +68,7 @@ TEST_CASE("an output is intact when it exists, is not empty and has the recorded
   CHECK(dlo::output_intact(d.file("frames"), 25));
 }
 
-TEST_CASE("resume: skip what is done and whole; render what is missing, emptied, cut or failed; refuse what changed") {
+TEST_CASE("resume: skip what is done and whole, render what is missing, emptied, cut or failed, refuse what changed") {
   TempDir d;
   dlo::Manifest m;
   m.path = "m.yaml";
@@ -103,7 +103,7 @@ TEST_CASE("resume: skip what is done and whole; render what is missing, emptied,
   CHECK(forced.problems.empty());
 }
 
-TEST_CASE("the fingerprint: every field that decides the video changes it; the id and the output's place do not") {
+TEST_CASE("the fingerprint: every field that decides the video changes it, the id and the output's place do not") {
   dlo::ModelInfo info;
   info.transformer = dlo::WanTransformerConfig::preset("wan-test");
   dlo::JobSpec base;
@@ -161,7 +161,7 @@ TEST_CASE("the fingerprint says what a video is, not where: a job whose output m
   CHECK(r.render.empty());
 }
 
-TEST_CASE("the model's identity: what the folder holds, not where it is; new weights under the same header differ") {
+TEST_CASE("the model's identity: what the folder holds, not where it is, new weights under the same header differ") {
   TempDir d;
   const std::string header = R"({"w":{"dtype":"F32","shape":[1024],"data_offsets":[0,4096]}})";
   for (const char* m : {"m1", "m2"}) {

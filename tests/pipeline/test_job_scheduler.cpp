@@ -187,7 +187,7 @@ struct Sim {
 
 }  // namespace
 
-TEST_CASE("the first jobs go to ranks 0, 1, ... before the wave; never more than there are jobs") {
+TEST_CASE("the first jobs go to ranks 0, 1, ... before the wave, never more than there are jobs") {
   JobScheduler s({5, 5, 5, 5, 5}, 2);
   const auto a = s.initial_assignments();
   REQUIRE(a.size() == 2);
@@ -212,7 +212,7 @@ TEST_CASE("a batch of equal jobs: every job once, every step computed, both rank
   CHECK(sim.traversals == 12);  // 24 steps on 2 ranks, no idle pass
 }
 
-TEST_CASE("mixed step counts: a rank whose job ends takes the next; no rank waits behind a longer job") {
+TEST_CASE("mixed step counts: a rank whose job ends takes the next, no rank waits behind a longer job") {
   // Rank 0 gets a 20-step job; rank 1 works through the short ones meanwhile.
   Sim sim({20, 2, 2, 2, 2, 2, 2, 2, 2, 2}, 2);
   sim.run();
@@ -239,7 +239,7 @@ TEST_CASE("jobs are handed out in order, to the asking ranks in rank order") {
   CHECK(order.front() == 3);  // 0..2 went out before the wave
 }
 
-TEST_CASE("a job whose preparation fails is finished; its rank asks again and the batch goes on") {
+TEST_CASE("a job whose preparation fails is finished, its rank asks again and the batch goes on") {
   Sim sim({3, 3, 3, 3}, 2);
   sim.fail_in_prepare = {1};
   sim.run();
@@ -340,7 +340,7 @@ TEST_CASE("a report survives the exchange's integers") {
   CHECK(b.expert == 1);
 }
 
-TEST_CASE("two experts: each pass streams exactly the experts its ranks' steps need; ranks on different experts meet") {
+TEST_CASE("two experts: each pass streams exactly the experts its ranks' steps need, ranks on different experts meet") {
   // Jobs of 6, 3, 4 and 5 steps whose first 2, 1, 3 and 5 steps run expert 0 (different
   // boundaries and step counts): at 2 ranks some passes need both experts.
   Sim sim({6, 3, 4, 5}, 2, false, {2, 1, 3, 5});

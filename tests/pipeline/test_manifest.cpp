@@ -99,7 +99,7 @@ TEST_CASE("a manifest resolves every field: job > command line > defaults > buil
   CHECK(r.manifest.job_lines == std::vector<std::int64_t>{9, 12});
 }
 
-TEST_CASE("relative paths are relative to the manifest's folder; --model and --output-dir win, as given") {
+TEST_CASE("relative paths are relative to the manifest's folder, --model and --output-dir win, as given") {
   TempDir d;
   fs::create_directories(d.path() / "sub");
   Loaded r = load(d, "sub/m.yaml",
@@ -172,7 +172,7 @@ TEST_CASE("made ids have 4 digits, 5 from 10000 jobs on") {
   CHECK(r.manifest.jobs.back().id == "job-09999");
 }
 
-TEST_CASE("seeds: given anywhere wins; else the first 4 bytes of sha256(id), the same on every load") {
+TEST_CASE("seeds: given anywhere wins, else the first 4 bytes of sha256(id), the same on every load") {
   // Python: int.from_bytes(hashlib.sha256(b"job-0000").digest()[:4], "big")
   CHECK(dlo::default_seed_for_id("job-0000") == 1316378323u);
   CHECK(dlo::default_seed_for_id("job-0001") == 1271563607u);
@@ -195,7 +195,7 @@ TEST_CASE("seeds: given anywhere wins; else the first 4 bytes of sha256(id), the
   CHECK(r4.manifest.jobs[0].seed == 9);
 }
 
-TEST_CASE("YAML pitfalls: prompts are text as written; block scalars, unicode, bare strings") {
+TEST_CASE("YAML pitfalls: prompts are text as written, block scalars, unicode, bare strings") {
   TempDir d;
   const Loaded r = load(d, "m.yaml",
                         "model: m\njobs:\n"

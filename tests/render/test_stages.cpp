@@ -159,7 +159,7 @@ TEST_CASE("every stage of WanPipeline, step by step: contexts, latents, timestep
   }
 }
 
-TEST_CASE("a step whose computation fails throws BlockComputeError after a complete traversal; the next job runs") {
+TEST_CASE("a step whose computation fails throws BlockComputeError after a complete traversal, the next job runs") {
   at::set_num_threads(1);
   TempDir d;
   const std::string dir = make_golden_model(d);
