@@ -20,7 +20,7 @@ const at::Tensor& require_input(const TensorMap& inputs, const std::string& key,
   return it->second;
 }
 
-std::vector<std::string> component_names() { return {"transformer", "vae", "text_encoder", "tokenizer"}; }
+std::vector<std::string> component_names() { return {"transformer", "transformer_2", "vae", "text_encoder", "tokenizer"}; }
 
 namespace {
 
@@ -69,7 +69,7 @@ TensorMap run_component(const std::string& model_dir, const std::string& compone
     return out;
   };
   stats.rss_before_load_kb = read_process_memory().rss_kb;
-  if (component == "transformer") {
+  if (component == "transformer" || component == "transformer_2") {
     auto model = WanTransformer::load(dir, options.dtype);
     const at::Tensor& x = require_input(inputs, "hidden_states", component);
     const at::Tensor& t = require_input(inputs, "timestep", component);

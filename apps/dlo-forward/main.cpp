@@ -57,7 +57,7 @@ std::vector<std::int64_t> parse_counts(const std::string& s, const char* flag) {
 int run(dlo::MpiWorld& world, int argc, char** argv) {
   cxxopts::Options opts("dlo-forward", "One forward pass of one model component");
   opts.add_options()("model", "model directory (diffusers layout)", cxxopts::value<std::string>())(
-      "component", "transformer, vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
+      "component", "transformer, transformer_2 (Wan2.2 A14B's low-noise expert, as transformer), vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
       "with the config's latents_mean/std as WanPipeline does, then decoded: output [B, 3, 1 + 4 (F - 1), 8 H, 8 W] "
       "in [-1, 1]), text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
       "text + text_lengths [+ max_sequence_length, clean, compact]; output [B, L, d_model] as the "
@@ -139,9 +139,10 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   dlo::TensorMap out;
   int code = dlo::kExitOk;
 
-  if (component == "transformer") {
+  if (component == "transformer" || component == "transformer_2") {
     dlo::TransformerJobOptions jo;
     jo.model_dir = args["model"].as<std::string>();
+    jo.expert = component;
     jo.dtype = dtype;
     jo.offload = args["offload"].as<std::string>();
     jo.device = args["device"].as<std::string>();

@@ -17,6 +17,7 @@ class MpiWorld;
 
 struct TransformerJobOptions {
   std::string model_dir;                 // model root (holds transformer/)
+  std::string expert = "transformer";    // its folder: transformer, or transformer_2 (Wan2.2 A14B's low-noise expert)
   at::ScalarType dtype = at::kFloat;
   std::string offload = "auto";          // auto or a strategy name (strategy_name)
   std::string device = "auto";           // auto | cpu | cuda | cuda:N

@@ -15,7 +15,9 @@
 #     tools/bench_experts.py);
 #  3. --dry-run counts both experts (their blocks, 2 slots each);
 #  4. a guidance_2 that would do nothing (guidance <= 1) is refused by name before any work: exit 2;
-#     one from defaults (the manifest's, the model's dlo_defaults.json) beside guidance 1 is not.
+#     one from defaults (the manifest's, the model's dlo_defaults.json) beside guidance 1 is not;
+#  5. dlo-forward --component transformer_2 runs the low-noise expert (what --component
+#     transformer gives on a folder whose transformer/ is that expert), at 2 ranks with dlo.
 # (That the frames are WanPipeline's: the parity label, tools/reference/pipeline_parity.py --two-experts.)
 #   experts_cli.sh BIN_DIR
 set -euo pipefail
@@ -243,3 +245,20 @@ rc=$?
 set -e
 [ "$rc" = 2 ] && grep -qF -- "--guidance-2: 3 has no effect with guidance 1" "$T/stderr" && [ ! -e "$T/md_bad" ] || fail "--guidance-2 beside --guidance 1: exit $rc: $(cat "$T/stderr")"
 echo "ok: guidance_2 > 1 beside the job's own guidance <= 1 is refused by name, nothing written; from defaults (the manifest's or dlo_defaults.json) it is not"
+
+# 5. dlo-forward runs either expert.
+mkdir -p "$T/low"
+cp -r "$T/m/transformer_2" "$T/low/transformer"
+FWD=(mpirun -np 2 "$BIN/dlo-forward" --threads 1 --offload dlo --random-inputs 2,4,6,7 --seed 3)
+"${FWD[@]}" --model "$T/m" --component transformer_2 --out "$T/t2.safetensors" 2>"$T/stderr" || fail "transformer_2: $(cat "$T/stderr")"
+"${FWD[@]}" --model "$T/low" --component transformer --out "$T/low.safetensors" 2>"$T/stderr" || fail "$(cat "$T/stderr")"
+"${FWD[@]}" --model "$T/m" --component transformer --out "$T/t1.safetensors" 2>"$T/stderr" || fail "$(cat "$T/stderr")"
+cmp -s "$T/t2.safetensors" "$T/low.safetensors" || fail "--component transformer_2 is not the low-noise expert's forward"
+! cmp -s "$T/t2.safetensors" "$T/t1.safetensors" || fail "both experts gave the same output (the components are not told apart)"
+set +e
+"$BIN/dlo-forward" --model "$T/low" --component transformer_2 --random-inputs 2,4,6,7 --out "$T/none.safetensors" >"$T/stdout" 2>"$T/stderr"
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -qF -- "--component transformer_2: $T/low has no transformer_2/" "$T/stderr" && [ ! -e "$T/none.safetensors" ] \
+  || fail "transformer_2 of a one-expert folder: exit $rc: $(cat "$T/stderr")"
+echo "ok: dlo-forward --component transformer_2 is the low-noise expert's forward (2 ranks, dlo); refused by name for one transformer"
