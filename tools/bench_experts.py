@@ -13,13 +13,19 @@
 Per run: seconds per denoising step of the batch (wave time / steps computed, per rank), the
 passes that streamed both experts, the bytes each rank gathered per step, and the time compute
 waited for a block (exposed_wait_s) per expert (the switch's cost: each expert's block 0 is
-prefetched for its next pass). Ratios within one run of this script; the machine is shared.
+prefetched for its next pass), and the switch's own wait against any other block's: the wait
+at each pass's entry (block 0) of an expert, its first switch and the largest, vs the mean wait
+at the other blocks. Ratios within one run of this script; the machine is shared.
 
-  bench_experts.py --bin build/bin [--size 64,96,9] [--json out.json]
+  bench_experts.py --bin build/bin [--size 64,96,9] [--cases ABCD] [--a14b-cut] [--json out.json]
+
+--a14b-cut: A14B's real block shape (dim 5120, 40 heads, ffn 13824; 702 MB per bf16 block), 3
+blocks per expert, shorter batches (B: 2 x 4 steps; D: 6 jobs of 8 steps at shift 12 and 4 at 3).
 """
 import argparse
 import json
 import os
+import struct
 import subprocess
 import tempfile
 import time
@@ -28,6 +34,11 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
            OMP_NUM_THREADS="1")
 SHAPE = ["--layers", "8", "--dim", "256", "--heads", "4", "--ffn-dim", "768", "--text-dim", "32", "--dtype", "bf16"]
+# --a14b-cut: Wan2.2 A14B's own block shape (dim 5120, 40 heads, ffn 13824, text 4096), 3 blocks
+# per expert (702 MB each in bf16; with 2 both would stay in the expert's two slots and never
+# stream again), a 2-layer text encoder of that width.
+A14B_CUT = ["--layers", "3", "--dim", "5120", "--heads", "40", "--ffn-dim", "13824", "--text-dim", "4096",
+            "--te-layers", "2", "--te-d-ff", "1024", "--dtype", "bf16"]
 
 
 VAE_ARGS = []  # --vae-base-dim N: a cheaper VAE, so that decoding does not bound the batch
@@ -63,13 +74,53 @@ def run(bin_dir, tmp, name, preset, steps, ranks, size, shifts=None, extra=()):
              if os.path.isdir(os.path.join(model, d)) for f in os.listdir(os.path.join(model, d)) if f.endswith(".safetensors"))
     out["host_bytes_per_rank"] = r0["host_bytes"]
     out["host_bytes_over_checkpoint_per_rank"] = round(r0["host_bytes"] / (ck / ranks), 3)  # blocks only / all tensors
+    out["host_bytes_over_blocks_per_rank"] = round(r0["host_bytes"] / (block_bytes(model) / ranks), 4)
     if "experts" in r0:
         out["passes_streaming_both_experts"] = r0["passes_streaming_both_experts"]
         out["share_of_passes_streaming_both"] = round(r0["passes_streaming_both_experts"] / r0["traversals"], 3)
         out["expert_alignment_switches"] = sum(r.get("expert_alignment_switches", 0) for r in rep["ranks"])
         out["expert_traversals"] = [e["traversals"] for e in r0["experts"]]
         out["expert_exposed_wait_s"] = [round(e["exposed_wait_s"], 4) for e in r0["experts"]]
+        out.update(switch_waits(rep["ranks"]))
     return out
+
+
+def block_bytes(model):
+    """The bytes of the experts' block tensors as stored (safetensors headers; the run computes
+    in bf16, as the bench's checkpoints are stored)."""
+    total = 0
+    for d in ("transformer", "transformer_2"):
+        folder = os.path.join(model, d)
+        for f in os.listdir(folder) if os.path.isdir(folder) else []:
+            if not f.endswith(".safetensors"):
+                continue
+            with open(os.path.join(folder, f), "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k.startswith("blocks."))
+    return total
+
+
+def switch_waits(ranks):
+    """The switch's cost against any other block's, per rank, from the engines' waits: an expert's
+    entry waits (at block 0, one per pass on it) after its first, where a switch lands, against the
+    mean wait at its other blocks. The low-noise expert's first entry is the batch's first switch;
+    the high-noise expert's first entry is the batch's cold start, left out (reported: what the
+    switch cost before an expert that sits passes out prefetched its entry)."""
+    cold, first_switch, entry_max, entry_mean, other_mean = [], [], [], [], []
+    for r in ranks:
+        e0, e1 = r["experts"]
+        cold.append(e0["entry_wait_s"][0] if e0["entry_wait_s"] else 0.0)  # what a switch cost unprefetched
+        first_switch.append(e1["entry_wait_s"][0] if e1["entry_wait_s"] else 0.0)
+        entries = e0["entry_wait_s"][1:] + e1["entry_wait_s"]
+        entry_max.append(max(entries, default=0.0))
+        entry_mean.append(sum(entries) / max(len(entries), 1))
+        rest = sum(e["exposed_wait_s"] for e in (e0, e1)) - sum(e0["entry_wait_s"]) - sum(e1["entry_wait_s"])
+        other = sum(e["blocks_acquired"] for e in (e0, e1)) - len(e0["entry_wait_s"]) - len(e1["entry_wait_s"])
+        other_mean.append(rest / max(other, 1))
+    r4 = lambda xs: [round(x, 4) for x in xs]
+    return {"cold_start_wait_s": r4(cold), "first_switch_wait_s": r4(first_switch), "entry_wait_max_s": r4(entry_max),
+            "entry_wait_mean_s": r4(entry_mean), "other_block_wait_mean_s": r4(other_mean)}
 
 
 def main():
@@ -80,13 +131,23 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--cases", default="ABCD", help="which cases to run (letters)")
     ap.add_argument("--vae-base-dim", type=int, help="the models' VAE base_dim (default: dlo-checkpoint's, 16)")
+    ap.add_argument("--a14b-cut", action="store_true", help="Wan2.2 A14B's block shape, 2 blocks per expert")
+    ap.add_argument("--jobs", type=int, help="case D's job count (default 12)")
     args = ap.parse_args()
+    if args.a14b_cut:
+        SHAPE[:] = A14B_CUT
     if args.vae_base_dim:
         VAE_ARGS.extend(["--vae-base-dim", str(args.vae_base_dim)])
     size = [int(x) for x in args.size.split(",")]
     aligned = [10] * 8
     drifting = [10, 7] * 4
     mixed_steps, mixed_shifts = [16, 8] * 6, [12.0, 3.0] * 6
+    if args.a14b_cut:  # ~2 s per block and step here: fewer, shorter jobs
+        aligned, drifting = [4] * 2, [4, 3]
+        mixed_steps, mixed_shifts = [8, 4] * 3, [12.0, 3.0] * 3
+    if args.jobs:  # the same alternation, that many jobs
+        mixed_steps = (mixed_steps[:2] * args.jobs)[:args.jobs]
+        mixed_shifts = (mixed_shifts[:2] * args.jobs)[:args.jobs]
     res, ratios = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         two = "wan2.2-a14b-test"
