@@ -68,3 +68,45 @@ TEST_CASE("check_all: nothing when no rank has an error, the same combined error
   CHECK(msg == want);
   CHECK_THROWS_AS(const_cast<dlo::MpiWorld&>(w).set_timeout_s(0), dlo::Error);
 }
+
+TEST_CASE("split: groups are the ranks of a color in world order; alltoallv moves uneven byte counts as computed by hand") {
+  const auto& w = world();
+  for (int colors = 1; colors <= w.size(); ++colors) {
+    CAPTURE(colors);
+    const int color = w.rank() % colors;
+    const auto g = w.split(color);
+    std::vector<int> want;
+    for (int r = color; r < w.size(); r += colors) want.push_back(r);
+    CHECK(g->world_ranks() == want);
+    CHECK(g->size() == static_cast<int>(want.size()));
+    CHECK(want[static_cast<std::size_t>(g->rank())] == w.rank());
+    // Group rank i sends group rank j (i + 1) * (j + 2) bytes (none to itself when i == j == 1),
+    // byte k of it (31 * i + 7 * j + k) % 251, after a gap of 3 bytes between peers.
+    const auto n = static_cast<std::size_t>(g->size());
+    const auto count = [](std::size_t i, std::size_t j) { return i == 1 && j == 1 ? std::size_t{0} : (i + 1) * (j + 2); };
+    const auto byte = [](std::size_t i, std::size_t j, std::size_t k) { return static_cast<unsigned char>((31 * i + 7 * j + k) % 251); };
+    const auto me = static_cast<std::size_t>(g->rank());
+    std::vector<std::size_t> sb(n), so(n), rb(n), ro(n);
+    std::vector<unsigned char> send;
+    std::size_t at = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      so[j] = at + 3;
+      sb[j] = count(me, j);
+      send.resize(so[j] + sb[j], 0xee);
+      for (std::size_t k = 0; k < sb[j]; ++k) send[so[j] + k] = byte(me, j, k);
+      at = so[j] + sb[j];
+    }
+    at = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      ro[i] = at;
+      rb[i] = count(i, me);
+      at += rb[i];
+    }
+    std::vector<unsigned char> recv(at + 1, 0xaa);
+    g->alltoallv(send.data(), sb, so, recv.data(), rb, ro, "test exchange");
+    bool same = recv.back() == 0xaa;  // nothing written past the counts
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t k = 0; k < rb[i]; ++k) same = same && recv[ro[i] + k] == byte(i, me, k);
+    CHECK(same);
+  }
+}

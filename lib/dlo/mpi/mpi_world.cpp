@@ -1,7 +1,10 @@
 #include "dlo/mpi/mpi_world.h"
 
 #include <mpi.h>
+
 #include <unistd.h>
+
+#include <climits>
 
 #include <algorithm>
 #include <chrono>
@@ -123,6 +126,68 @@ int MpiWorld::duplicate_comm(const char* phase) const {
   DLO_CHECK_KIND(ErrorKind::kInternal, MPI_Comm_dup(MPI_Comm_f2c(comm_f_), &dup) == MPI_SUCCESS,
                  "MPI_Comm_dup failed (", phase, ")");
   return MPI_Comm_c2f(dup);
+}
+
+std::unique_ptr<MpiGroup> MpiWorld::split(int color, const char* phase) const {
+  DLO_ASSERT(color >= 0, "group color ", color);
+  const std::vector<std::int64_t> colors = allgather(color, phase);  // bounded: every rank is here
+  std::unique_ptr<MpiGroup> g(new MpiGroup());
+  for (int r = 0; r < size_; ++r)
+    if (colors[static_cast<std::size_t>(r)] == color) g->world_ranks_.push_back(r);
+  MPI_Comm comm = MPI_COMM_NULL;
+  DLO_CHECK_KIND(ErrorKind::kInternal, MPI_Comm_split(MPI_Comm_f2c(comm_f_), color, rank_, &comm) == MPI_SUCCESS,
+                 "MPI_Comm_split failed (", phase, ")");
+  g->comm_f_ = MPI_Comm_c2f(comm);
+  g->have_comm_ = true;
+  MPI_Comm_rank(comm, &g->rank_);
+  MPI_Comm_size(comm, &g->size_);
+  g->timeout_s_ = timeout_s_;
+  DLO_ASSERT(g->size_ == static_cast<int>(g->world_ranks_.size()), "group of ", g->size_, " ranks, expected ",
+             g->world_ranks_.size());
+  return g;
+}
+
+MpiGroup::~MpiGroup() {
+  if (have_comm_) MpiWorld::free_comm(comm_f_);
+}
+
+void MpiGroup::alltoallv(const void* send, const std::vector<std::size_t>& send_bytes,
+                         const std::vector<std::size_t>& send_offset, void* recv,
+                         const std::vector<std::size_t>& recv_bytes, const std::vector<std::size_t>& recv_offset,
+                         const char* phase) const {
+  const auto n = static_cast<std::size_t>(size_);
+  DLO_ASSERT(send_bytes.size() == n && send_offset.size() == n && recv_bytes.size() == n && recv_offset.size() == n,
+             phase, ": counts for ", n, " ranks");
+  std::vector<int> sc(n), sd(n), rc(n), rd(n);
+  const auto to_int = [phase](std::size_t v) {
+    DLO_CHECK_KIND(ErrorKind::kInternal, v <= static_cast<std::size_t>(INT_MAX), phase, ": ", v,
+                   " bytes to one rank is more than one MPI call carries");
+    return static_cast<int>(v);
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    sc[i] = to_int(send_bytes[i]);
+    sd[i] = to_int(send_offset[i]);
+    rc[i] = to_int(recv_bytes[i]);
+    rd[i] = to_int(recv_offset[i]);
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rcode = MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE,
+                             MPI_Comm_f2c(comm_f_), &req);
+  DLO_CHECK_KIND(ErrorKind::kTransfer, rcode == MPI_SUCCESS, phase, ": MPI_Ialltoallv failed (code ", rcode, ")");
+  const auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    rcode = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    DLO_CHECK_KIND(ErrorKind::kTransfer, rcode == MPI_SUCCESS, phase, ": MPI_Ialltoallv failed (code ", rcode, ")");
+    if (done) return;
+    if (spins < 2000) continue;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if ((spins & 1023) == 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_)
+      throw Error(str(phase, ": the group's all-to-all has not finished in ", timeout_s_,
+                      " s (DLO_GATHER_TIMEOUT_S): a rank of the group is gone or stuck"),
+                  ErrorKind::kTransfer);
+  }
 }
 
 void MpiWorld::free_comm(int handle) noexcept {

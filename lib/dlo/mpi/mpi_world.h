@@ -10,13 +10,50 @@
 //   "[0/3] fatal: start-up check: rank 2 did not arrive within 600 s (DLO_GATHER_TIMEOUT_S) ..."
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dlo/common/settings.h"
 
 namespace dlo {
+
+class MpiWorld;
+
+// A group of ranks that compute one job together (sequence or CFG parallelism): a communicator
+// of its own, split from the world's, so its traffic never meets the weight gathers or the
+// world's small collectives. Made by MpiWorld::split; freed with it (collective in MPI's sense
+// only for the group's ranks). Not thread-safe: one thread exchanges on a group.
+class MpiGroup {
+ public:
+  ~MpiGroup();
+  MpiGroup(const MpiGroup&) = delete;
+  MpiGroup& operator=(const MpiGroup&) = delete;
+
+  int rank() const { return rank_; }  // in the group: by world rank, in order
+  int size() const { return size_; }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+
+  // Collective over the group: rank i's send[send_offset[j] .. + send_bytes[j]) goes to rank j,
+  // which receives it at recv + recv_offset[i] (recv_bytes[i] of it). Bounded like the world's
+  // collectives: not finished after the timeout, it throws dlo::Error (kind transfer, naming
+  // `phase`): a peer is gone or stuck, and the group is out of step. Counts above INT_MAX bytes
+  // per peer are refused (kind internal).
+  void alltoallv(const void* send, const std::vector<std::size_t>& send_bytes, const std::vector<std::size_t>& send_offset,
+                 void* recv, const std::vector<std::size_t>& recv_bytes, const std::vector<std::size_t>& recv_offset,
+                 const char* phase) const;
+
+ private:
+  friend class MpiWorld;
+  MpiGroup() = default;
+  int comm_f_ = 0;
+  bool have_comm_ = false;
+  int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;
+  double timeout_s_ = kDefaultGatherTimeoutS;
+};
 
 class MpiWorld {
  public:
@@ -73,6 +110,9 @@ class MpiWorld {
   // meet in a bounded barrier, so the duplication itself does not wait on a missing rank. Free it
   // with free_comm().
   int duplicate_comm(const char* phase = "communicator") const;
+  // Collective: the ranks that pass the same `color` (>= 0) form one group, ordered by world
+  // rank. The ranks first meet in a bounded barrier, so the split does not wait on a missing rank.
+  std::unique_ptr<MpiGroup> split(int color, const char* phase = "group split") const;
   static void free_comm(int handle) noexcept;
 
   // Collective: each rank passes its error message ("" if it has none). If any rank has one,

@@ -332,6 +332,12 @@ void BlockEngine::traverse_together(const std::vector<BlockEngine*>& engines, in
     if (mine && compute && failed_block < 0) {
       try {
         compute(i, *mine);
+      } catch (const Error& e) {
+        // The compute's own exchange with other ranks (a sequence-parallel group) failed: like a
+        // gather's failure, the ranks are out of step.
+        if (e.kind() == ErrorKind::kTransfer) throw;
+        failure = describe_exception(e);
+        failed_block = i;
       } catch (const std::exception& e) {
         failure = describe_exception(e);
         failed_block = i;

@@ -132,7 +132,9 @@ class BlockEngine {
   void prefetch_entry();
   // One pass over all blocks: acquire(i), compute(i, weights) unless compute is null, release(i).
   // If compute throws, the pass goes on without computing (the collective stays in step) and
-  // BlockComputeError is thrown at its end; a failure of a transfer propagates as it happens.
+  // BlockComputeError is thrown at its end; a failure of a transfer propagates as it happens, and
+  // so does a dlo::Error of kind transfer from compute itself (its exchange with other ranks, a
+  // sequence-parallel group's, failed: the ranks are out of step).
   void traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute);
 
   EngineStats stats() const;

@@ -7,6 +7,8 @@
 
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
+#include "dlo/common/partition.h"
+#include "dlo/dist/sequence_exchange.h"
 #include "dlo/mpi/mpi_world.h"
 #include "dlo/models/umt5.h"
 #include "dlo/models/torch_errors.h"
@@ -124,18 +126,11 @@ std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInp
     ghost(pass);  // the other ranks are in this pass's gathers: join them without computing
     throw BlockComputeError(str("the transformer's input embeddings: ", describe_exception(e)));
   }
-  const auto compute = [&](std::int64_t i, const std::vector<at::Tensor>& w) {
+  traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
     if (before_block) before_block(i);
     const WanBlockWeights bw = WanBlockWeights::bind(w, c);
     for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);
-  };
-  if (pass.empty()) {
-    engine().traverse(compute);
-  } else {
-    const auto me = std::find(pass.begin(), pass.end(), &engine());
-    DLO_ASSERT(me != pass.end(), "the pass's engines do not include this runner's");
-    BlockEngine::traverse_together(pass, static_cast<int>(me - pass.begin()), compute);
-  }
+  }, pass);
   try {
     std::vector<at::Tensor> out;
     for (const auto& s : states) out.push_back(model_.end(s));
@@ -143,6 +138,56 @@ std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInp
   } catch (const std::exception& e) {
     throw BlockComputeError(str("the transformer's output head: ", describe_exception(e)));
   }
+}
+
+void WanOffloadRunner::traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute,
+                                const std::vector<BlockEngine*>& pass) {
+  if (pass.empty()) {
+    engine().traverse(compute);
+    return;
+  }
+  const auto me = std::find(pass.begin(), pass.end(), &engine());
+  DLO_ASSERT(me != pass.end(), "the pass's engines do not include this runner's");
+  BlockEngine::traverse_together(pass, static_cast<int>(me - pass.begin()), compute);
+}
+
+std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
+                                                        const std::vector<BlockEngine*>& pass) {
+  if (group.size() == 1) return forward(branches, {}, pass);
+  const auto& c = model_.config();
+  const int me = group.rank();
+  std::vector<WanForwardState> full, rows;
+  Partition tokens, heads;
+  try {
+    for (const auto& b : branches) full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
+    DLO_CHECK(!full.empty(), "no branch to compute");
+    heads = Partition::even(c.num_attention_heads, group.size(), "sequence parallelism over the attention heads");
+    tokens = Partition::even(full[0].h.size(1), group.size(), "sequence parallelism over the tokens");
+    for (const auto& f : full) rows.push_back(wan_state_rows(f, tokens.offset[me], tokens.size[me]));
+  } catch (const std::exception& e) {
+    ghost(pass);  // every rank of the group fails here alike: none of them exchanges
+    throw BlockComputeError(str("the transformer's input embeddings: ", describe_exception(e)));
+  }
+  traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {
+    const WanBlockWeights bw = WanBlockWeights::bind(w, c);
+    for (auto& s : rows) {
+      const WanBlockModulation mod = wan_block_modulation(bw, s);
+      const WanSelfAttnInputs in = wan_block_self_attn_inputs(bw, s, mod, s.h, c);
+      const at::Tensor o = wan_self_attention({seq_to_heads(group, in.q, tokens, heads), seq_to_heads(group, in.k, tokens, heads),
+                                               seq_to_heads(group, in.v, tokens, heads)});
+      s.h = wan_block_finish(bw, s, mod, s.h, heads_to_seq(group, o, tokens, heads), c);
+    }
+  }, pass);
+  std::vector<at::Tensor> out;
+  for (std::size_t k = 0; k < full.size(); ++k) {
+    full[k].h = gather_tokens(group, rows[k].h, tokens);  // a failure here is the group's: it propagates
+    try {
+      out.push_back(model_.end(full[k]));
+    } catch (const std::exception& e) {
+      throw BlockComputeError(str("the transformer's output head: ", describe_exception(e)));
+    }
+  }
+  return out;
 }
 
 Umt5OffloadRunner::Umt5OffloadRunner(const Umt5Encoder& encoder, int ranks)

@@ -20,6 +20,7 @@ namespace dlo {
 
 class MpiWorld;
 class Collective;
+class MpiGroup;
 class WanTransformer;
 class Umt5Encoder;
 
@@ -66,8 +67,21 @@ class WanOffloadRunner : public OffloadStack {
   std::vector<at::Tensor> forward(const std::vector<WanBranchInputs>& branches,
                                   const std::function<void(std::int64_t block)>& before_block = {},
                                   const std::vector<BlockEngine*>& pass = {});
+  // The same forward computed by a group of P ranks with Ulysses sequence parallelism (the
+  // models/wan_transformer.h seam): every rank of `group` passes the same branches; each computes
+  // its contiguous share of the tokens through every block, exchanging q, k, v (tokens to heads)
+  // and the attention output (heads to tokens) with the group around self-attention, and the
+  // tokens are gathered once before the output head, so every rank of the group returns the
+  // whole output. Uneven token and head splits; P > heads or P > tokens is refused (dlo::Error,
+  // input) before the traversal. A failure of the group's exchange (kind transfer: a partner
+  // gone or stuck) propagates like the gathers'. One group of size 1 is forward().
+  std::vector<at::Tensor> forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
+                                        const std::vector<BlockEngine*>& pass = {});
 
  private:
+  // compute over this runner's blocks: alone, or in `pass` (see forward).
+  void traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute,
+                const std::vector<BlockEngine*>& pass);
   const WanTransformer& model_;
 };
 

@@ -1,0 +1,94 @@
+#include "dlo/dist/sequence_exchange.h"
+
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "dlo/common/error.h"
+#include "dlo/mpi/mpi_world.h"
+
+namespace dlo {
+namespace {
+
+std::size_t bytes_of(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
+
+// Sends piece j of `pieces` to group rank j; receives from rank i a tensor of shape shape_from(i)
+// (contiguous, x's dtype); returns the received pieces in rank order.
+template <typename ShapeFrom>
+std::vector<at::Tensor> exchange(const MpiGroup& g, const std::vector<at::Tensor>& pieces, const at::Tensor& like,
+                                 ShapeFrom shape_from, const char* phase) {
+  const auto n = static_cast<std::size_t>(g.size());
+  DLO_ASSERT(pieces.size() == n, phase, ": ", pieces.size(), " pieces for ", n, " ranks");
+  std::vector<at::Tensor> send;
+  std::vector<std::size_t> send_bytes(n), send_offset(n), recv_bytes(n), recv_offset(n);
+  std::size_t at = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    send.push_back(pieces[j].contiguous().view(-1));
+    send_bytes[j] = bytes_of(send.back());
+    send_offset[j] = at;
+    at += send_bytes[j];
+  }
+  const at::Tensor send_buf = at::cat(send).contiguous();
+  std::vector<at::Tensor> recv;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    recv.push_back(at::empty(shape_from(static_cast<std::int64_t>(i)), like.options().memory_format(at::MemoryFormat::Contiguous)));
+    recv_bytes[i] = bytes_of(recv.back());
+    recv_offset[i] = total;
+    total += recv_bytes[i];
+  }
+  at::Tensor recv_buf = at::empty({static_cast<std::int64_t>(total)}, like.options().dtype(at::kByte));
+  g.alltoallv(send_buf.data_ptr(), send_bytes, send_offset, recv_buf.data_ptr(), recv_bytes, recv_offset, phase);
+  for (std::size_t i = 0; i < n; ++i)
+    std::memcpy(recv[i].data_ptr(), static_cast<const std::byte*>(recv_buf.data_ptr()) + recv_offset[i], recv_bytes[i]);
+  return recv;
+}
+
+void check_group(const MpiGroup& g, const Partition& p, const char* what) {
+  DLO_ASSERT(p.parts() == g.size(), what, " in ", p.parts(), " parts for a group of ", g.size());
+}
+
+}  // namespace
+
+at::Tensor seq_to_heads(const MpiGroup& g, const at::Tensor& x, const Partition& tokens, const Partition& heads) {
+  check_group(g, tokens, "tokens");
+  check_group(g, heads, "heads");
+  DLO_ASSERT(x.dim() == 4 && x.size(1) == tokens.size[g.rank()] && x.size(2) == heads.total(), "seq_to_heads of ", x.sizes());
+  std::vector<at::Tensor> pieces;
+  for (std::int64_t j = 0; j < heads.parts(); ++j) pieces.push_back(x.narrow(2, heads.offset[j], heads.size[j]));
+  const auto from = exchange(
+      g, pieces, x, [&](std::int64_t i) { return std::vector<std::int64_t>{x.size(0), tokens.size[i], heads.size[g.rank()], x.size(3)}; },
+      "sequence parallelism: tokens to heads");
+  return at::cat(from, 1);
+}
+
+at::Tensor heads_to_seq(const MpiGroup& g, const at::Tensor& o, const Partition& tokens, const Partition& heads) {
+  check_group(g, tokens, "tokens");
+  check_group(g, heads, "heads");
+  DLO_ASSERT(o.dim() == 4 && o.size(1) == tokens.total() && o.size(2) == heads.size[g.rank()], "heads_to_seq of ", o.sizes());
+  std::vector<at::Tensor> pieces;
+  for (std::int64_t j = 0; j < tokens.parts(); ++j) pieces.push_back(o.narrow(1, tokens.offset[j], tokens.size[j]));
+  const auto from = exchange(
+      g, pieces, o, [&](std::int64_t i) { return std::vector<std::int64_t>{o.size(0), tokens.size[g.rank()], heads.size[i], o.size(3)}; },
+      "sequence parallelism: heads to tokens");
+  return at::cat(from, 2);
+}
+
+at::Tensor gather_tokens(const MpiGroup& g, const at::Tensor& h, const Partition& tokens) {
+  check_group(g, tokens, "tokens");
+  DLO_ASSERT(h.dim() >= 2 && h.size(1) == tokens.size[g.rank()], "gather_tokens of ", h.sizes());
+  const std::vector<at::Tensor> pieces(static_cast<std::size_t>(g.size()), h);
+  const auto from = exchange(
+      g, pieces, h,
+      [&](std::int64_t i) {
+        std::vector<std::int64_t> s = h.sizes().vec();
+        s[1] = tokens.size[i];
+        return s;
+      },
+      "sequence parallelism: gathering the tokens");
+  return at::cat(from, 1);
+}
+
+}  // namespace dlo

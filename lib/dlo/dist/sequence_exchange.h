@@ -1,0 +1,24 @@
+// Ulysses sequence parallelism's exchanges over a group of ranks (MpiGroup; CPU tensors): the
+// data movement of models/wan_transformer.h's sequence-parallel seam, with uneven token and head
+// partitions (all-to-all-v: no padding). Group rank r holds tokens tokens.part(r) and, between the
+// two exchanges of self-attention, heads heads.part(r). Collective over the group: every rank
+// calls the same exchanges in the same order. Failures as MpiGroup::alltoallv (kind transfer).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "dlo/common/partition.h"
+
+namespace dlo {
+
+class MpiGroup;
+
+// x [B, s_r, H, d] (this rank's tokens, every head) -> [B, L, H_r, d] (every token, this rank's
+// heads), tokens in order.
+at::Tensor seq_to_heads(const MpiGroup& group, const at::Tensor& x, const Partition& tokens, const Partition& heads);
+// The inverse: o [B, L, H_r, d] -> [B, s_r, H, d], heads in order.
+at::Tensor heads_to_seq(const MpiGroup& group, const at::Tensor& o, const Partition& tokens, const Partition& heads);
+// h [B, s_r, ...] -> [B, L, ...] on every rank of the group: the one gather before the output head.
+at::Tensor gather_tokens(const MpiGroup& group, const at::Tensor& h, const Partition& tokens);
+
+}  // namespace dlo

@@ -1,0 +1,112 @@
+// Ulysses sequence parallelism under mpirun (WanOffloadRunner::forward_group over MpiGroups split
+// from the world): a group of P ranks computes one forward, each rank its share of the tokens,
+// while every rank of the world joins every block's gather; the output equals the resident
+// one-rank forward byte for byte, with uneven tokens (27) and heads (5), guidance's two branches,
+// per-sample and per-token timesteps, every group size the world allows at once (the world split
+// into groups of P consecutive ranks, the last one smaller), dlo and layerwise. A P that leaves a
+// rank without heads fails that group's job alone, by name, and the engine stays in step.
+#include "common/doctest_torch.h"
+
+#include "common/test_util.h"
+#include "dlo/common/error.h"
+#include "dlo/dist/collective.h"
+#include "dlo/models/wan_transformer.h"
+#include "dlo/mpi/mpi_world.h"
+#include "dlo/offload/engine.h"
+#include "dlo/offload/runner.h"
+#include "dlo/offload/wave.h"
+#include "dlo/testing/make_model.h"
+
+using namespace dlo;
+
+namespace {
+
+const MpiWorld& world() {
+  static MpiWorld w(nullptr, nullptr);
+  return w;
+}
+
+class SharedDir {
+ public:
+  SharedDir() {
+    if (world().rank() == 0) path_ = dir_.path().string();
+    path_ = world().broadcast_string(path_);
+  }
+  std::string file(const std::string& n) const { return path_ + "/" + n; }
+
+ private:
+  dlo::test::TempDir dir_;
+  std::string path_;
+};
+
+WanTransformerConfig sp_config(std::int64_t heads) {
+  auto c = WanTransformerConfig::preset("wan-test");
+  c.num_attention_heads = heads;  // head dim stays the preset's
+  c.num_layers = 3;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a group of P ranks computes one forward with Ulysses: equal to one rank bit for bit, for every P at once") {
+  SharedDir dir;
+  const WanTransformerConfig c = sp_config(5);
+  if (world().rank() == 0) write_random_wan_transformer(dir.file("t"), c, DType::F32, 21, 0);
+  world().barrier();
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    CAPTURE(c10::toString(dtype));
+    auto reference = WanTransformer::load(dir.file("t"), dtype);
+    for (const Strategy s : {Strategy::kDlo, Strategy::kLayerwise}) {
+      CAPTURE(strategy_name(s));
+      auto model = WanTransformer::load(dir.file("t"), dtype, /*load_blocks=*/false);
+      WanOffloadRunner runner(model, world().size());
+      (void)agree_wave(world(), 1, runner.plan().fingerprint());
+      EngineOptions eo;
+      eo.strategy = s;
+      runner.start(eo, is_sharded(s) && world().size() > 1 ? make_mpi_collective(world()) : nullptr);
+      for (int p = 1; p <= world().size(); ++p) {
+        CAPTURE(p);
+        const auto group = world().split(world().rank() / p);
+        CHECK(group->size() == std::min(p, world().size() - world().rank() / p * p));
+        // The group's own request (the same on its ranks): 3 x 6 x 6 latents -> 27 tokens; per
+        // sample and, for TI2V, per token timesteps.
+        at::manual_seed(500 + 10 * p + world().rank() / p);
+        const at::Tensor x = at::randn({1, 4, 3, 6, 6});
+        const at::Tensor ctx = at::randn({1, 7, 16}), neg = at::randn({1, 7, 16});
+        for (const at::Tensor& t : {at::tensor({700}, at::kLong), at::randint(0, 1000, {1, 27}, at::kLong)}) {
+          CAPTURE(t.dim());
+          const std::vector<WanBranchInputs> branches = {{x, t, ctx}, {x, t, neg}};
+          const auto out = runner.forward_group(*group, branches);
+          REQUIRE(out.size() == 2);
+          CHECK(at::equal(out[0], reference.forward(x, t, ctx)));
+          CHECK(at::equal(out[1], reference.forward(x, t, neg)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a group larger than the heads fails its own job by name, the other groups compute and nothing hangs") {
+  if (world().size() < 4) return;  // needs a group of 4 beside ranks alone
+  SharedDir dir;
+  const WanTransformerConfig c = sp_config(3);
+  if (world().rank() == 0) write_random_wan_transformer(dir.file("h"), c, DType::F32, 5, 0);
+  world().barrier();
+  auto reference = WanTransformer::load(dir.file("h"), at::kFloat);
+  auto model = WanTransformer::load(dir.file("h"), at::kFloat, /*load_blocks=*/false);
+  WanOffloadRunner runner(model, world().size());
+  (void)agree_wave(world(), 1, runner.plan().fingerprint());
+  EngineOptions eo;
+  eo.strategy = Strategy::kDlo;
+  runner.start(eo, make_mpi_collective(world()));
+  const at::Tensor x = at::randn({1, 4, 3, 6, 6}), t = at::tensor({300}, at::kLong), ctx = at::randn({1, 7, 16});
+  {
+    const auto four = world().split(0);  // 4 ranks for 3 heads
+    CHECK_THROWS_WITH_AS(runner.forward_group(*four, {{x, t, ctx}}),
+                         doctest::Contains("sequence parallelism over the attention heads: 3 cannot be split into 4 parts"),
+                         BlockComputeError);
+  }
+  // The engine is in step: a group of 3 (3 heads, one each) and a rank alone, at once.
+  const auto g = world().split(world().rank() < 3 ? 0 : 1);
+  CHECK(at::equal(runner.forward_group(*g, {{x, t, ctx}})[0], reference.forward(x, t, ctx)));
+}
