@@ -81,6 +81,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       "rank-passes", "transformer: passes per rank, e.g. 2,0,1 (ranks with fewer join the gathers idle)",
       cxxopts::value<std::string>())(
       "guidance", "transformer: also run input negative_encoder_hidden_states through each block (output_negative)")(
+      "sp", "transformer: ranks per group; a group computes one forward with Ulysses sequence parallelism, each rank its "
+      "share of the tokens (CPU; groups of consecutive ranks, the last one smaller)", cxxopts::value<int>()->default_value("1"))(
       "keep-page-cache", "transformer: keep the checkpoint's pages cached after building the shards")(
       "random-inputs", "transformer: random latents and text instead of --inputs: F,H,W,L (seeded by --seed + rank)",
       cxxopts::value<std::string>())(
@@ -152,6 +154,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     jo.passes = passes;
     if (args.count("rank-passes")) jo.rank_passes = parse_counts(args["rank-passes"].as<std::string>(), "--rank-passes");
     jo.guidance = args.count("guidance") > 0;
+    jo.sp = args["sp"].as<int>();
     jo.keep_page_cache = args.count("keep-page-cache") > 0;
     if (args.count("random-inputs")) {
       jo.random_latent = parse_counts(args["random-inputs"].as<std::string>(), "--random-inputs");

@@ -9,6 +9,7 @@
 
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
+#include "dlo/common/partition.h"
 #include "dlo/common/memory.h"
 #include "dlo/dist/collective.h"
 #include "dlo/dist/device.h"
@@ -94,7 +95,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     runner = std::make_unique<WanOffloadRunner>(*model, world.size());
     after_load = read_process_memory();  // the model built (views), nothing computed yet
     if (!o.random_latent.empty()) {
-      at::manual_seed(o.random_seed + static_cast<std::uint64_t>(world.rank()));
+      at::manual_seed(o.random_seed + static_cast<std::uint64_t>(world.rank() / std::max(1, o.sp)));
       const auto& r = o.random_latent;
       branches.push_back({at::randn({1, c.in_channels, r[0], r[1], r[2]}), at::tensor({500}, at::kLong),
                           at::randn({1, r[3], c.text_dim})});
@@ -110,6 +111,19 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       my_passes = o.rank_passes[static_cast<std::size_t>(world.rank())];
     }
     DLO_CHECK(my_passes >= 0, "pass counts must be >= 0");
+    if (o.sp != 1) {
+      DLO_CHECK(o.sp >= 1 && o.sp <= world.size(), "--sp ", o.sp, ": a group of 1 to ", world.size(), " rank(s)");
+      DLO_CHECK(device.is_cpu(), "--sp ", o.sp, ": sequence parallelism runs on the CPU for now (its exchange over NCCL "
+                "is not built yet); use --device cpu");
+      DLO_CHECK(o.rank_passes.empty(), "--sp with --rank-passes: the ranks of a group compute the same passes");
+      const at::Tensor& x = branches[0].hidden_states;
+      const std::int64_t tokens = wan_tokens(c, x.size(2), x.size(3), x.size(4));
+      const auto largest = static_cast<std::int64_t>(std::min(o.sp, world.size()));
+      with_context("--sp", [&] {
+        (void)Partition::even(c.num_attention_heads, largest, "the attention heads");
+        (void)Partition::even(tokens, largest, "the tokens");
+      });
+    }
   } catch (const Error& e) {
     error = e.what();
   } catch (const std::exception& e) {
@@ -119,6 +133,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   if (o.test_hook) o.test_hook("loaded");
   world.check_all(error, "start-up check (model and inputs loaded on every rank)");
   const WaveSchedule wave = agree_wave(world, my_passes, runner->plan().fingerprint());
+  const std::unique_ptr<MpiGroup> group = o.sp > 1 ? world.split(world.rank() / o.sp, "sequence-parallel groups") : nullptr;
   // The rank that computed writes: the lowest one with passes (rank 0 may have none).
   TransformerJobResult result;
   result.writer_rank = -1;
@@ -150,7 +165,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     const bool compute = p < my_passes;
     try {
       if (compute) {
-        auto outs = runner->forward(branches);
+        auto outs = group ? runner->forward_group(*group, branches) : runner->forward(branches);
         if (device.is_cuda())
           for (auto& t : outs) t = t.to(at::kCPU);  // synchronises: the pass's time is real
         result.outputs["output"] = outs[0];
@@ -177,6 +192,8 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       {"local_rank", world.local_rank()},
       {"device", device.str()},
       {"passes", my_passes},
+      {"sp_group", group ? world.rank() / o.sp : world.rank()},
+      {"sp_group_size", group ? group->size() : 1},
       {"guidance_branches", branches.size()},
       {"blocks", runner->plan().num_blocks()},
       {"block_bytes_total", runner->plan().total_bytes()},

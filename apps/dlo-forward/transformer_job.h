@@ -30,6 +30,11 @@ struct TransformerJobOptions {
   std::int64_t passes = 1;               // forward passes of this rank (same inputs each time)
   std::vector<std::int64_t> rank_passes; // if set: passes per rank (overrides `passes`), e.g. {2, 0, 1}
   bool guidance = false;                 // also run the negative context (input negative_encoder_hidden_states)
+  // Sequence parallelism: the ranks form groups of `sp` consecutive ranks (the last one smaller
+  // when sp does not divide the ranks); a group computes one forward (Ulysses, every rank its
+  // share of the tokens; WanOffloadRunner::forward_group) and random inputs are seeded per group.
+  // CPU only for now; not with rank_passes; sp <= heads and <= tokens.
+  int sp = 1;
   bool keep_page_cache = false;
   // Instead of inputs: random latents [1, C_in, F, H, W] and text contexts [1, L, text_dim], seeded
   // by `random_seed` + rank (so every rank renders something different). Empty: use the inputs.

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""One video's transformer forward on more ranks: sequence parallelism (Ulysses) against one rank
+computing while the others only join the weight gathers (what dlo did for a lone prompt).
+
+dlo-forward at N ranks (default 2), --offload dlo, guidance (two branches), the same random
+inputs in both runs:
+  alone  --rank-passes P,0,...: rank 0 computes, the others are ghosts;
+  sp     --sp N: the N ranks compute the one forward together, each its share of the tokens.
+Reports seconds per pass (the report's per-pass wall time on rank 0, after a first pass that
+warms up), the ratio alone / sp (the speed-up of one video), and whether the outputs are byte for
+byte the same. The model: Wan2.1 1.3B's block shape (dim 1536, 12 heads, ffn 8960, text 4096),
+cut to --layers blocks; tokens from --latent F,H,W (post-VAE; patch 1x2x2). Ratios within one run
+of this script; the machine is shared.
+
+  bench_sequence_parallel.py --bin build/bin [--ranks 2] [--latent 3,30,52] [--layers 4] [--passes 3]
+"""
+import argparse
+import filecmp
+import json
+import os
+import subprocess
+import tempfile
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
+           OMP_NUM_THREADS="1")
+
+
+def run(bin_dir, tmp, name, ranks, extra, args):
+    out, rep = f"{tmp}/{name}.safetensors", f"{tmp}/{name}.json"
+    f, h, w = args.latent.split(",")
+    subprocess.run(["mpirun", "-np", str(ranks), os.path.join(bin_dir, "dlo-forward"), "--model", f"{tmp}/m",
+                    "--component", "transformer", "--random-inputs", f"{f},{h},{w},512", "--seed", "7", "--guidance",
+                    "--offload", "dlo", "--device", "cpu", "--threads", "1", "--dtype", "bf16", "--out", out,
+                    "--report", rep] + extra, check=True, env=ENV, stdout=subprocess.DEVNULL)
+    r = json.load(open(rep))
+    ranks_ = r["ranks"] if isinstance(r, dict) and "ranks" in r else r
+    r0 = ranks_[0]
+    walls = [p["wall_s"] for p in r0["per_pass"]][1:]  # the first pass warms up
+    return {"s_per_pass": round(sum(walls) / len(walls), 3), "passes_timed": len(walls),
+            "exposed_transfer_s_per_pass": round(sum(p["exposed_transfer_s"] for p in r0["per_pass"][1:]) / len(walls), 3),
+            "rss_peak_kb_rank0": r0["rss_peak_kb"]}, out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--latent", default="3,30,52", help="F,H,W of the latents (tokens F x H/2 x W/2)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", f"{tmp}/m", "--preset", "wan2.1-t2v-1.3b",
+                        "--layers", str(args.layers), "--components", "transformer", "--dtype", "bf16"],
+                       check=True, stdout=subprocess.DEVNULL)
+        n = args.ranks
+        alone, a_out = run(args.bin, tmp, "alone", n, ["--rank-passes", ",".join([str(args.passes)] + ["0"] * (n - 1))], args)
+        sp, s_out = run(args.bin, tmp, "sp", n, ["--sp", str(n), "--passes", str(args.passes)], args)
+        alone2, _ = run(args.bin, tmp, "alone2", n, ["--rank-passes", ",".join([str(args.passes)] + ["0"] * (n - 1))], args)
+        f, h, w = (int(x) for x in args.latent.split(","))
+        res = {"ranks": n, "tokens": f * (h // 2) * (w // 2), "layers": args.layers,
+               "alone": alone, "sp": sp, "alone_again": alone2,
+               "alone_over_sp": round((alone["s_per_pass"] + alone2["s_per_pass"]) / 2 / sp["s_per_pass"], 3),
+               "outputs_identical": filecmp.cmp(a_out, s_out, shallow=False)}
+    text = json.dumps(res, indent=2)
+    print(text)
+    if args.json:
+        open(args.json, "w").write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
