@@ -5,10 +5,12 @@ computing while the others only join the weight gathers (what dlo did for a lone
 dlo-forward at N ranks (default 2), --offload dlo, guidance (two branches), the same random
 inputs in both runs:
   alone  --rank-passes P,0,...: rank 0 computes, the others are ghosts;
-  sp     --sp N: the N ranks compute the one forward together, each its share of the tokens.
+  sp     --sp N: the N ranks compute the one forward together, each its share of the tokens;
+  cfg    --cfg-parallel --sp N/2: the two guidance branches on the two halves of the ranks (each
+         half sequence-parallel when N > 2), predictions exchanged.
 Reports seconds per pass (the report's per-pass wall time on rank 0, after a first pass that
-warms up), the ratio alone / sp (the speed-up of one video), and whether the outputs are byte for
-byte the same. The model: Wan2.1 1.3B's block shape (dim 1536, 12 heads, ffn 8960, text 4096),
+warms up), the ratios alone / sp and alone / cfg (the speed-up of one video), and whether the
+outputs are byte for byte the same. The model: Wan2.1 1.3B's block shape (dim 1536, 12 heads, ffn 8960, text 4096),
 cut to --layers blocks; tokens from --latent F,H,W (post-VAE; patch 1x2x2). Ratios within one run
 of this script; the machine is shared.
 
@@ -58,12 +60,18 @@ def main():
         n = args.ranks
         alone, a_out = run(args.bin, tmp, "alone", n, ["--rank-passes", ",".join([str(args.passes)] + ["0"] * (n - 1))], args)
         sp, s_out = run(args.bin, tmp, "sp", n, ["--sp", str(n), "--passes", str(args.passes)], args)
+        cfg, c_out = run(args.bin, tmp, "cfg", n, ["--cfg-parallel", "--sp", str(max(1, n // 2)), "--passes", str(args.passes)],
+                         args) if n % 2 == 0 else (None, None)
         alone2, _ = run(args.bin, tmp, "alone2", n, ["--rank-passes", ",".join([str(args.passes)] + ["0"] * (n - 1))], args)
         f, h, w = (int(x) for x in args.latent.split(","))
         res = {"ranks": n, "tokens": f * (h // 2) * (w // 2), "layers": args.layers,
                "alone": alone, "sp": sp, "alone_again": alone2,
                "alone_over_sp": round((alone["s_per_pass"] + alone2["s_per_pass"]) / 2 / sp["s_per_pass"], 3),
                "outputs_identical": filecmp.cmp(a_out, s_out, shallow=False)}
+        if cfg:
+            res["cfg"] = cfg
+            res["alone_over_cfg"] = round((alone["s_per_pass"] + alone2["s_per_pass"]) / 2 / cfg["s_per_pass"], 3)
+            res["cfg_output_identical"] = filecmp.cmp(a_out, c_out, shallow=False)
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:

@@ -83,6 +83,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       "guidance", "transformer: also run input negative_encoder_hidden_states through each block (output_negative)")(
       "sp", "transformer: ranks per group; a group computes one forward with Ulysses sequence parallelism, each rank its "
       "share of the tokens (CPU; groups of consecutive ranks, the last one smaller)", cxxopts::value<int>()->default_value("1"))(
+      "cfg-parallel", "transformer, with --guidance: the two branches on two halves of each 2 x --sp ranks, predictions "
+      "exchanged (CPU)")(
       "keep-page-cache", "transformer: keep the checkpoint's pages cached after building the shards")(
       "random-inputs", "transformer: random latents and text instead of --inputs: F,H,W,L (seeded by --seed + rank)",
       cxxopts::value<std::string>())(
@@ -155,6 +157,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     if (args.count("rank-passes")) jo.rank_passes = parse_counts(args["rank-passes"].as<std::string>(), "--rank-passes");
     jo.guidance = args.count("guidance") > 0;
     jo.sp = args["sp"].as<int>();
+    jo.cfg_parallel = args.count("cfg-parallel") > 0;
     jo.keep_page_cache = args.count("keep-page-cache") > 0;
     if (args.count("random-inputs")) {
       jo.random_latent = parse_counts(args["random-inputs"].as<std::string>(), "--random-inputs");

@@ -44,6 +44,8 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   std::unique_ptr<WanOffloadRunner> runner;
   std::vector<WanBranchInputs> branches;
   std::int64_t my_passes = o.passes;
+  // The ranks that compute one forward together (one group of SP, times 2 with CFG parallelism).
+  const int job_ranks = std::max(1, o.sp) * (o.cfg_parallel ? 2 : 1);
   std::uint64_t working = 0;
   // The device, and two ranks on one GPU refused, before anything is loaded.
   const WaveDevice dev = agree_device(world, o.device, o.host_id, "--device");
@@ -95,7 +97,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     runner = std::make_unique<WanOffloadRunner>(*model, world.size());
     after_load = read_process_memory();  // the model built (views), nothing computed yet
     if (!o.random_latent.empty()) {
-      at::manual_seed(o.random_seed + static_cast<std::uint64_t>(world.rank() / std::max(1, o.sp)));
+      at::manual_seed(o.random_seed + static_cast<std::uint64_t>(world.rank() / job_ranks));
       const auto& r = o.random_latent;
       branches.push_back({at::randn({1, c.in_channels, r[0], r[1], r[2]}), at::tensor({500}, at::kLong),
                           at::randn({1, r[3], c.text_dim})});
@@ -111,6 +113,13 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       my_passes = o.rank_passes[static_cast<std::size_t>(world.rank())];
     }
     DLO_CHECK(my_passes >= 0, "pass counts must be >= 0");
+    if (o.cfg_parallel) {
+      DLO_CHECK(o.guidance, "--cfg-parallel needs --guidance (the two branches it puts on partner ranks)");
+      DLO_CHECK(world.size() % job_ranks == 0, "--cfg-parallel: ", world.size(), " rank(s) are not a multiple of 2 x --sp (",
+                job_ranks, ")");
+      DLO_CHECK(device.is_cpu(), "--cfg-parallel: runs on the CPU for now (its exchange over NCCL is not built yet); use --device cpu");
+      DLO_CHECK(o.rank_passes.empty(), "--cfg-parallel with --rank-passes: partner ranks compute the same passes");
+    }
     if (o.sp != 1) {
       DLO_CHECK(o.sp >= 1 && o.sp <= world.size(), "--sp ", o.sp, ": a group of 1 to ", world.size(), " rank(s)");
       DLO_CHECK(device.is_cpu(), "--sp ", o.sp, ": sequence parallelism runs on the CPU for now (its exchange over NCCL "
@@ -134,6 +143,10 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   world.check_all(error, "start-up check (model and inputs loaded on every rank)");
   const WaveSchedule wave = agree_wave(world, my_passes, runner->plan().fingerprint());
   const std::unique_ptr<MpiGroup> group = o.sp > 1 ? world.split(world.rank() / o.sp, "sequence-parallel groups") : nullptr;
+  // CFG partners: the ranks at the same place in the two halves of a job's ranks.
+  const int sp = std::max(1, o.sp);
+  const std::unique_ptr<MpiGroup> partners =
+      o.cfg_parallel ? world.split(world.rank() / job_ranks * sp + world.rank() % sp, "CFG partners") : nullptr;
   // The rank that computed writes: the lowest one with passes (rank 0 may have none).
   TransformerJobResult result;
   result.writer_rank = -1;
@@ -165,7 +178,9 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     const bool compute = p < my_passes;
     try {
       if (compute) {
-        auto outs = group ? runner->forward_group(*group, branches) : runner->forward(branches);
+        auto outs = partners ? runner->forward_cfg(*partners, group.get(), branches)
+                    : group  ? runner->forward_group(*group, branches)
+                             : runner->forward(branches);
         if (device.is_cuda())
           for (auto& t : outs) t = t.to(at::kCPU);  // synchronises: the pass's time is real
         result.outputs["output"] = outs[0];
@@ -194,6 +209,8 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       {"passes", my_passes},
       {"sp_group", group ? world.rank() / o.sp : world.rank()},
       {"sp_group_size", group ? group->size() : 1},
+      {"cfg_partners", partners ? partners->size() : 1},
+      {"branches_computed_per_pass", partners ? 1 : static_cast<int>(branches.size())},
       {"guidance_branches", branches.size()},
       {"blocks", runner->plan().num_blocks()},
       {"block_bytes_total", runner->plan().total_bytes()},

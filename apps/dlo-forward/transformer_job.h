@@ -35,6 +35,10 @@ struct TransformerJobOptions {
   // share of the tokens; WanOffloadRunner::forward_group) and random inputs are seeded per group.
   // CPU only for now; not with rank_passes; sp <= heads and <= tokens.
   int sp = 1;
+  // CFG parallelism (with guidance): the conditional branch on one half of each group of 2 x sp
+  // consecutive ranks, the unconditional on the other, predictions exchanged (forward_cfg). The
+  // ranks must be a multiple of 2 x sp. CPU only for now.
+  bool cfg_parallel = false;
   bool keep_page_cache = false;
   // Instead of inputs: random latents [1, C_in, F, H, W] and text contexts [1, L, text_dim], seeded
   // by `random_seed` + rank (so every rank renders something different). Empty: use the inputs.

@@ -5,6 +5,9 @@
 # and 4 ranks) and heads (5 over 2, 3, 4), dlo and layerwise, groups of 2 beside each other at 4
 # ranks, and a last group smaller than the others (3 ranks at --sp 2). Refused by name, exit 2,
 # nothing written: more ranks per group than ranks, than heads; --sp with --rank-passes.
+# --cfg-parallel: the conditional and unconditional branches on partner ranks (with SP inside each
+# half at 4 ranks), predictions exchanged: both outputs identical to one rank's; refused without
+# --guidance or when the ranks are not a multiple of 2 x --sp.
 #   sequence_parallel_cli.sh BIN_DIR
 set -euo pipefail
 BIN=$1
@@ -35,8 +38,22 @@ refused() {  # refused NP MESSAGE ARGS...: exit 2, the message, no output
     || fail "$* at $np ranks: exit $rc, want 2 and '$msg': $(cat "$T/stderr")"
   echo "ok: $* at $np ranks refused: $msg"
 }
+# CFG parallelism: the branches on partner ranks, alone and with SP inside each half.
+for run in "2 1" "4 1" "4 2"; do
+  read -r np sp <<<"$run"
+  rm -f "$T/out.safetensors"
+  mpirun -np "$np" "${FWD[@]}" --cfg-parallel --sp "$sp" --offload dlo --out "$T/out.safetensors" --report "$T/r.json" 2>"$T/log" \
+    || fail "np $np --cfg-parallel --sp $sp: $(cat "$T/log")"
+  cmp -s "$T/one.safetensors" "$T/out.safetensors" || fail "np $np --cfg-parallel --sp $sp: output differs from 1 rank"
+  grep -q '"cfg_partners": 2' "$T/r.json" || fail "np $np --cfg-parallel: the report has no partners"
+  [ "$(grep -c '"branches_computed_per_pass": 1' "$T/r.json")" = "$np" ] || fail "np $np --cfg-parallel: a rank computed both branches"
+  echo "ok: $np ranks, --cfg-parallel --sp $sp: byte-identical to 1 rank (both branches)"
+done
+refused 3 "--cfg-parallel: 3 rank(s) are not a multiple of 2 x --sp (2)" --cfg-parallel
 refused 2 "--sp 3: a group of 1 to 2 rank(s)" --sp 3
 "$BIN/dlo-checkpoint" make "$T/m2" --preset wan-test --layers 2 --heads 2 --dim 24 --components transformer >/dev/null
 FWD[2]="$T/m2"
 refused 3 "--sp: the attention heads: 2 cannot be split into 3 parts of at least one" --sp 3
 refused 2 "--sp with --rank-passes" --sp 2 --rank-passes 1,1
+unset 'FWD[9]'  # --guidance
+refused 2 "--cfg-parallel needs --guidance" --cfg-parallel

@@ -91,4 +91,9 @@ at::Tensor gather_tokens(const MpiGroup& g, const at::Tensor& h, const Partition
   return at::cat(from, 1);
 }
 
+std::vector<at::Tensor> gather_all(const MpiGroup& g, const at::Tensor& t) {
+  const std::vector<at::Tensor> pieces(static_cast<std::size_t>(g.size()), t);
+  return exchange(g, pieces, t, [&](std::int64_t) { return t.sizes().vec(); }, "CFG parallelism: exchanging predictions");
+}
+
 }  // namespace dlo

@@ -1,9 +1,11 @@
-// Ulysses sequence parallelism's exchanges over a group of ranks (MpiGroup; CPU tensors): the
+// Sequence and CFG parallelism's exchanges over a group of ranks (MpiGroup; CPU tensors): the
 // data movement of models/wan_transformer.h's sequence-parallel seam, with uneven token and head
 // partitions (all-to-all-v: no padding). Group rank r holds tokens tokens.part(r) and, between the
 // two exchanges of self-attention, heads heads.part(r). Collective over the group: every rank
 // calls the same exchanges in the same order. Failures as MpiGroup::alltoallv (kind transfer).
 #pragma once
+
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -20,5 +22,8 @@ at::Tensor seq_to_heads(const MpiGroup& group, const at::Tensor& x, const Partit
 at::Tensor heads_to_seq(const MpiGroup& group, const at::Tensor& o, const Partition& tokens, const Partition& heads);
 // h [B, s_r, ...] -> [B, L, ...] on every rank of the group: the one gather before the output head.
 at::Tensor gather_tokens(const MpiGroup& group, const at::Tensor& h, const Partition& tokens);
+// Every rank's `t` (the same shape and dtype on every rank of the group), in group rank order:
+// CFG parallelism's exchange of the branches' predictions.
+std::vector<at::Tensor> gather_all(const MpiGroup& group, const at::Tensor& t);
 
 }  // namespace dlo

@@ -190,6 +190,16 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
   return out;
 }
 
+std::vector<at::Tensor> WanOffloadRunner::forward_cfg(const MpiGroup& partners, const MpiGroup* sp,
+                                                      const std::vector<WanBranchInputs>& branches,
+                                                      const std::vector<BlockEngine*>& pass) {
+  DLO_ASSERT(static_cast<int>(branches.size()) == partners.size(), branches.size(), " branches for ", partners.size(),
+             " CFG partners");
+  const std::vector<WanBranchInputs> mine = {branches[static_cast<std::size_t>(partners.rank())]};
+  const std::vector<at::Tensor> out = sp != nullptr ? forward_group(*sp, mine, pass) : forward(mine, {}, pass);
+  return gather_all(partners, out.at(0));  // a failure here is the partners': it propagates
+}
+
 Umt5OffloadRunner::Umt5OffloadRunner(const Umt5Encoder& encoder, int ranks)
     : OffloadStack(encoder.weights().checkpoint(), umt5_blocks(encoder.config()),
                    [&encoder](const std::string& full) {

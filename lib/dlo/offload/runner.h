@@ -77,6 +77,13 @@ class WanOffloadRunner : public OffloadStack {
   // gone or stuck) propagates like the gathers'. One group of size 1 is forward().
   std::vector<at::Tensor> forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
                                         const std::vector<BlockEngine*>& pass = {});
+  // CFG parallelism: the guidance branches on partner ranks. `partners` holds one rank per branch
+  // (the conditional branch on partner 0, the unconditional on partner 1); each computes its own
+  // branch (through `sp`, its sequence-parallel group, when given: CFG x SP), then the partners
+  // exchange their predictions, so every one returns every branch's output, as forward() does.
+  // Collective over the partners (and sp). branches.size() == partners.size().
+  std::vector<at::Tensor> forward_cfg(const MpiGroup& partners, const MpiGroup* sp, const std::vector<WanBranchInputs>& branches,
+                                      const std::vector<BlockEngine*>& pass = {});
 
  private:
   // compute over this runner's blocks: alone, or in `pass` (see forward).
