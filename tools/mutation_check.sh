@@ -35,7 +35,7 @@ done
 
 # The mutants: id | file | what | old text | new text (Python string literals, evaluated).
 MUTANTS=$(cat <<'EOF'
-1|lib/dlo/offload/runner.cpp|guidance streams the weights once per branch (twice per step)|"    engine().traverse(compute);\n  } else {"|"    for (auto& s : states) engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) { s.h = wan_block_forward(WanBlockWeights::bind(w, c), s, s.h, c); });\n  } else {"
+1|lib/dlo/offload/runner.cpp|guidance streams the weights once per branch (twice per step)|"    for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);\n  }, pass);"|"    states[0].h = wan_block_forward(bw, states[0], states[0].h, c);\n  }, pass);\n  for (std::size_t k = 1; k < states.size(); ++k) traverse([&](std::int64_t, const std::vector<at::Tensor>& w) { states[k].h = wan_block_forward(WanBlockWeights::bind(w, c), states[k], states[k].h, c); }, pass);"
 2|lib/dlo/offload/stack_plan.cpp|shard size: block bytes / N rounded down before the 256-byte round-up|"return round_up((block(i).bytes + n - 1) / n, kShardAlign);"|"return round_up(block(i).bytes / n, kShardAlign);"
 3|lib/dlo/offload/engine.cpp|dlo: each rank's own shard placed at offset 0 instead of rank * shard|"p.slot_offset = sharded ? shard * static_cast<std::uint64_t>(rank) : 0;"|"p.slot_offset = 0;"
 4|lib/dlo/offload/engine.cpp|layerwise: host copy of a block rounded down to 256 bytes|"total += sharded ? shard : align_up(bytes, kShardAlign);"|"total += sharded ? shard : bytes / kShardAlign * kShardAlign;"
