@@ -4,7 +4,9 @@
 // one-rank forward byte for byte, with uneven tokens (27) and heads (5), guidance's two branches,
 // per-sample and per-token timesteps, every group size the world allows at once (the world split
 // into groups of P consecutive ranks, the last one smaller), dlo and layerwise. A P that leaves a
-// rank without heads fails that group's job alone, by name, and the engine stays in step.
+// rank without heads fails that group's job alone, by name, and the engine stays in step; a rank
+// of a group (or a CFG partner) whose computation fails fails the forward on every rank of the
+// group with its message, and nobody waits for it (it keeps joining the exchanges).
 #include "common/doctest_torch.h"
 
 #include "common/test_util.h"
@@ -109,4 +111,45 @@ TEST_CASE("a group larger than the heads fails its own job by name, the other gr
   // The engine is in step: a group of 3 (3 heads, one each) and a rank alone, at once.
   const auto g = world().split(world().rank() < 3 ? 0 : 1);
   CHECK(at::equal(runner.forward_group(*g, {{x, t, ctx}})[0], reference.forward(x, t, ctx)));
+}
+
+TEST_CASE("a rank of a group that fails in a block or in its embeddings fails the group's forward everywhere, nobody waits") {
+  if (world().size() < 3) return;
+  SharedDir dir;
+  const WanTransformerConfig c = sp_config(5);
+  if (world().rank() == 0) write_random_wan_transformer(dir.file("f"), c, DType::F32, 9, 0);
+  world().barrier();
+  auto reference = WanTransformer::load(dir.file("f"), at::kFloat);
+  auto model = WanTransformer::load(dir.file("f"), at::kFloat, /*load_blocks=*/false);
+  WanOffloadRunner runner(model, world().size());
+  (void)agree_wave(world(), 1, runner.plan().fingerprint());
+  EngineOptions eo;
+  eo.strategy = Strategy::kDlo;
+  runner.start(eo, make_mpi_collective(world()));
+  const auto g = world().split(0);  // every rank, one group
+  const at::Tensor x = at::randn({1, 4, 3, 6, 6}), t = at::tensor({300}, at::kLong), ctx = at::randn({1, 7, 16});
+  // Rank 1 fails at block 1: its own message there, its partners name it.
+  const auto hook = [](std::int64_t b) {
+    if (world().rank() == 1 && b == 1) throw Error("injected failure (test)");
+  };
+  const std::string want = world().rank() == 1 ? "block 1: injected failure (test)" : "rank(s) 1 of this job's group failed";
+  CHECK_THROWS_WITH_AS(runner.forward_group(*g, {{x, t, ctx}, {x, t, ctx}}, {}, hook), doctest::Contains(want.c_str()),
+                       BlockComputeError);
+  // Rank 2's inputs do not fit (its embeddings fail), before any exchange.
+  const at::Tensor bad = world().rank() == 2 ? at::randn({1, 7, 15}) : ctx;
+  CHECK_THROWS_WITH_AS(runner.forward_group(*g, {{x, t, bad}}),
+                       doctest::Contains(world().rank() == 2 ? "input embeddings" : "rank(s) 2 of this job's group failed"),
+                       BlockComputeError);
+  // The engine and the group are in step: the next forward is exact.
+  CHECK(at::equal(runner.forward_group(*g, {{x, t, ctx}})[0], reference.forward(x, t, ctx)));
+  // CFG partners: the unconditional branch fails on its rank; both partners learn it.
+  if (world().size() >= 4) {
+    const auto partners = world().split(world().rank() % 2);
+    const bool uncond_rank = partners->rank() == 1;
+    const at::Tensor misfit = at::randn({1, 7, 15});
+    CHECK_THROWS_WITH_AS(runner.forward_cfg(*partners, nullptr, {{x, t, ctx}, {x, t, uncond_rank ? misfit : ctx}}),
+                         doctest::Contains(uncond_rank ? "input embeddings" : "of this job's group failed"), BlockComputeError);
+    const auto both = runner.forward_cfg(*partners, nullptr, {{x, t, ctx}, {x, t, ctx}});
+    CHECK(at::equal(both[1], reference.forward(x, t, ctx)));
+  }
 }

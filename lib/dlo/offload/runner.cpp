@@ -151,13 +151,30 @@ void WanOffloadRunner::traverse(const std::function<void(std::int64_t, const std
   BlockEngine::traverse_together(pass, static_cast<int>(me - pass.begin()), compute);
 }
 
+namespace {
+
+// Every rank of `group` learns whether any failed (one small exchange): "" when none did, else
+// this rank's own failure or which ranks of the group failed.
+std::string group_failure(const MpiGroup& group, const std::string& mine) {
+  const auto flags = gather_all(group, at::tensor({mine.empty() ? 0 : 1}, at::kInt));
+  std::string failed;
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r].item<int>() != 0) failed += str(failed.empty() ? "" : ", ", group.world_ranks()[r]);
+  if (failed.empty()) return "";
+  return mine.empty() ? str("rank(s) ", failed, " of this job's group failed (see their messages)") : mine;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
-                                                        const std::vector<BlockEngine*>& pass) {
-  if (group.size() == 1) return forward(branches, {}, pass);
+                                                        const std::vector<BlockEngine*>& pass,
+                                                        const std::function<void(std::int64_t)>& before_block) {
+  if (group.size() == 1) return forward(branches, before_block, pass);
   const auto& c = model_.config();
   const int me = group.rank();
   std::vector<WanForwardState> full, rows;
   Partition tokens, heads;
+  std::string failure;  // this rank's; the group agrees on failures before and after the blocks
   try {
     for (const auto& b : branches) full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
     DLO_CHECK(!full.empty(), "no branch to compute");
@@ -165,19 +182,56 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
     tokens = Partition::even(full[0].h.size(1), group.size(), "sequence parallelism over the tokens");
     for (const auto& f : full) rows.push_back(wan_state_rows(f, tokens.offset[me], tokens.size[me]));
   } catch (const std::exception& e) {
-    ghost(pass);  // every rank of the group fails here alike: none of them exchanges
-    throw BlockComputeError(str("the transformer's input embeddings: ", describe_exception(e)));
+    failure = str("the transformer's input embeddings: ", describe_exception(e));
   }
-  traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {
-    const WanBlockWeights bw = WanBlockWeights::bind(w, c);
-    for (auto& s : rows) {
-      const WanBlockModulation mod = wan_block_modulation(bw, s);
-      const WanSelfAttnInputs in = wan_block_self_attn_inputs(bw, s, mod, s.h, c);
-      const at::Tensor o = wan_self_attention({seq_to_heads(group, in.q, tokens, heads), seq_to_heads(group, in.k, tokens, heads),
-                                               seq_to_heads(group, in.v, tokens, heads)});
-      s.h = wan_block_finish(bw, s, mod, s.h, heads_to_seq(group, o, tokens, heads), c);
+  if (const std::string why = group_failure(group, failure); !why.empty()) {
+    ghost(pass);  // no rank of the group exchanges: they join the pass's gathers only
+    throw BlockComputeError(why);
+  }
+  // A rank whose computation fails in a block still takes part in every exchange of the pass
+  // (with zeros of the shapes its partners expect), so the group stays in step and learns of it
+  // after the blocks.
+  const std::int64_t batch = rows[0].h.size(0), head_dim = c.attention_head_dim;
+  const at::TensorOptions opt = rows[0].h.options();
+  const int per_block = 4 * static_cast<int>(rows.size());  // q, k, v to heads; attention back
+  traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
+    int done = 0;
+    const auto to_heads = [&](const at::Tensor& t) {
+      at::Tensor r = seq_to_heads(group, t, tokens, heads);
+      ++done;
+      return r;
+    };
+    const auto to_tokens = [&](const at::Tensor& t) {
+      at::Tensor r = heads_to_seq(group, t, tokens, heads);
+      ++done;
+      return r;
+    };
+    if (failure.empty()) {
+      try {
+        if (before_block) before_block(i);
+        const WanBlockWeights bw = WanBlockWeights::bind(w, c);
+        for (auto& s : rows) {
+          const WanBlockModulation mod = wan_block_modulation(bw, s);
+          const WanSelfAttnInputs in = wan_block_self_attn_inputs(bw, s, mod, s.h, c);
+          const at::Tensor q = to_heads(in.q), k = to_heads(in.k), v = to_heads(in.v);
+          s.h = wan_block_finish(bw, s, mod, s.h, to_tokens(wan_self_attention({q, k, v})), c);
+        }
+        return;
+      } catch (const Error& e) {
+        if (e.kind() == ErrorKind::kTransfer) throw;  // the exchange itself: the group is out of step
+        failure = str("block ", i, ": ", describe_exception(e));
+      } catch (const std::exception& e) {
+        failure = str("block ", i, ": ", describe_exception(e));
+      }
+    }
+    while (done < per_block) {
+      if (done % 4 < 3)
+        to_heads(at::zeros({batch, tokens.size[me], c.num_attention_heads, head_dim}, opt));
+      else
+        to_tokens(at::zeros({batch, tokens.total(), heads.size[me], head_dim}, opt));
     }
   }, pass);
+  if (const std::string why = group_failure(group, failure); !why.empty()) throw BlockComputeError(why);
   std::vector<at::Tensor> out;
   for (std::size_t k = 0; k < full.size(); ++k) {
     full[k].h = gather_tokens(group, rows[k].h, tokens);  // a failure here is the group's: it propagates
@@ -196,7 +250,14 @@ std::vector<at::Tensor> WanOffloadRunner::forward_cfg(const MpiGroup& partners, 
   DLO_ASSERT(static_cast<int>(branches.size()) == partners.size(), branches.size(), " branches for ", partners.size(),
              " CFG partners");
   const std::vector<WanBranchInputs> mine = {branches[static_cast<std::size_t>(partners.rank())]};
-  const std::vector<at::Tensor> out = sp != nullptr ? forward_group(*sp, mine, pass) : forward(mine, {}, pass);
+  std::vector<at::Tensor> out;
+  std::string failure;
+  try {
+    out = sp != nullptr ? forward_group(*sp, mine, pass) : forward(mine, {}, pass);
+  } catch (const BlockComputeError& e) {
+    failure = e.what();  // the partner learns of it, instead of waiting for a prediction
+  }
+  if (const std::string why = group_failure(partners, failure); !why.empty()) throw BlockComputeError(why);
   return gather_all(partners, out.at(0));  // a failure here is the partners': it propagates
 }
 

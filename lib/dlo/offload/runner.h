@@ -72,16 +72,21 @@ class WanOffloadRunner : public OffloadStack {
   // its contiguous share of the tokens through every block, exchanging q, k, v (tokens to heads)
   // and the attention output (heads to tokens) with the group around self-attention, and the
   // tokens are gathered once before the output head, so every rank of the group returns the
-  // whole output. Uneven token and head splits; P > heads or P > tokens is refused (dlo::Error,
-  // input) before the traversal. A failure of the group's exchange (kind transfer: a partner
-  // gone or stuck) propagates like the gathers'. One group of size 1 is forward().
+  // whole output. Uneven token and head splits. A computation that fails on any rank of the
+  // group (P > heads or P > tokens included, refused by name before the blocks) fails the forward
+  // on every rank of the group with BlockComputeError (that rank's message; its partners name it),
+  // after the pass was completed: a failing rank keeps joining the group's exchanges, so nobody
+  // waits. A failure of an exchange itself (kind transfer: a partner gone or stuck) propagates
+  // like the gathers'. One group of size 1 is forward(). `before_block`: as forward()'s.
   std::vector<at::Tensor> forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
-                                        const std::vector<BlockEngine*>& pass = {});
+                                        const std::vector<BlockEngine*>& pass = {},
+                                        const std::function<void(std::int64_t block)>& before_block = {});
   // CFG parallelism: the guidance branches on partner ranks. `partners` holds one rank per branch
   // (the conditional branch on partner 0, the unconditional on partner 1); each computes its own
   // branch (through `sp`, its sequence-parallel group, when given: CFG x SP), then the partners
   // exchange their predictions, so every one returns every branch's output, as forward() does.
-  // Collective over the partners (and sp). branches.size() == partners.size().
+  // Collective over the partners (and sp). branches.size() == partners.size(). A branch that
+  // fails fails the forward on every partner (BlockComputeError), after the pass, without waits.
   std::vector<at::Tensor> forward_cfg(const MpiGroup& partners, const MpiGroup* sp, const std::vector<WanBranchInputs>& branches,
                                       const std::vector<BlockEngine*>& pass = {});
 
