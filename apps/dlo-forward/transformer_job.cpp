@@ -9,8 +9,8 @@
 
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
-#include "dlo/common/partition.h"
 #include "dlo/common/memory.h"
+#include "dlo/common/partition.h"
 #include "dlo/dist/collective.h"
 #include "dlo/dist/device.h"
 #include "dlo/mpi/mpi_world.h"

@@ -1,13 +1,11 @@
 #include "dlo/mpi/mpi_world.h"
 
 #include <mpi.h>
-
 #include <unistd.h>
-
-#include <climits>
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

@@ -24,8 +24,8 @@ class MpiWorld;
 
 // A group of ranks that compute one job together (sequence or CFG parallelism): a communicator
 // of its own, split from the world's, so its traffic never meets the weight gathers or the
-// world's small collectives. Made by MpiWorld::split; freed with it (collective in MPI's sense
-// only for the group's ranks). Not thread-safe: one thread exchanges on a group.
+// world's small collectives. Made by MpiWorld::split; destroying it frees the communicator. Not
+// thread-safe: one thread exchanges on a group.
 class MpiGroup {
  public:
   ~MpiGroup();
@@ -111,7 +111,8 @@ class MpiWorld {
   // with free_comm().
   int duplicate_comm(const char* phase = "communicator") const;
   // Collective: the ranks that pass the same `color` (>= 0) form one group, ordered by world
-  // rank. The ranks first meet in a bounded barrier, so the split does not wait on a missing rank.
+  // rank. The ranks first exchange their colors in a bounded allgather, so the split itself does
+  // not wait on a missing rank.
   std::unique_ptr<MpiGroup> split(int color, const char* phase = "group split") const;
   static void free_comm(int handle) noexcept;
 
