@@ -94,19 +94,22 @@ TEST_CASE("the other jobs a rank holds (prepared next, parked) count in every jo
   const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
   const ModelInfo m = info_of(c);
   const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
-  const std::vector<JobSpec> jobs = {job(256, 256, 17), job(480, 832, 81)};
+  const std::vector<JobSpec> jobs = {job(256, 256, 17), job(480, 832, 81), job(256, 256, 17), job(256, 256, 17),
+                                     job(256, 256, 17)};
   const JobMemory small = job_memory(m, jobs[0], at::kBFloat16), large = job_memory(m, jobs[1], at::kBFloat16);
   const BatchMemoryPlan p = plan_batch_memory(m, jobs, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4);
   CHECK(p.jobs_held == 4);
   CHECK(p.held == 4 * large.held);
   CHECK(p.working == large.working + 4 * large.held);
   CHECK(p.describe().find(" of it the 4 other job(s) a rank holds") != std::string::npos);
-  // A device just large enough for the small job alone refuses it with 4 large jobs held beside it.
-  const StrategyChoice dlo{Strategy::kDlo, 0, ""};
+  // No more than the batch's other jobs: 2 jobs hold 1 beside each other, 1 job none.
+  CHECK(plan_batch_memory(m, {jobs[0], jobs[1]}, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4).jobs_held == 1);
+  CHECK(plan_batch_memory(m, {jobs[0]}, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4).held == 0);
+  // A device just large enough for the small job alone refuses a batch of them with 4 held beside each.
   const std::uint64_t dev = 2 * stack.slot_bytes + stack.resident_bytes + small.working;
-  const BatchMemoryPlan alone = plan_batch_memory(m, {jobs[0]}, "dlo", stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 0);
-  CHECK(alone.refused.empty());
-  CHECK_THROWS_WITH(plan_batch_memory(m, {jobs[0]}, "dlo", stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 4),
+  const std::vector<JobSpec> smalls(5, jobs[0]);
+  CHECK(plan_batch_memory(m, smalls, "dlo", stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 0).refused.empty());
+  CHECK_THROWS_WITH(plan_batch_memory(m, smalls, "dlo", stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 4),
                     doctest::Contains("no job"));
 }
 

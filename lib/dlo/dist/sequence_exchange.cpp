@@ -21,6 +21,7 @@ std::vector<at::Tensor> exchange(const MpiGroup& g, const std::vector<at::Tensor
                                  ShapeFrom shape_from, const char* phase) {
   const auto n = static_cast<std::size_t>(g.size());
   DLO_ASSERT(pieces.size() == n, phase, ": ", pieces.size(), " pieces for ", n, " ranks");
+  DLO_ASSERT(like.is_cpu(), phase, ": the MPI exchange takes CPU tensors, got ", like.device().str());
   std::vector<at::Tensor> send;
   std::vector<std::size_t> send_bytes(n), send_offset(n), recv_bytes(n), recv_offset(n);
   std::size_t at = 0;

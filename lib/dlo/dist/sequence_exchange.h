@@ -2,7 +2,8 @@
 // data movement of models/wan_transformer.h's sequence-parallel seam, with uneven token and head
 // partitions (all-to-all-v: no padding). Group rank r holds tokens tokens.part(r) and, between the
 // two exchanges of self-attention, heads heads.part(r). Collective over the group: every rank
-// calls the same exchanges in the same order. Failures as MpiGroup::alltoallv (kind transfer).
+// calls the same exchanges in the same order. CPU tensors only. An exchange that does not finish
+// in time ends every rank (MpiGroup::alltoallv).
 #pragma once
 
 #include <vector>

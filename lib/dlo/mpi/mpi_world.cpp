@@ -182,9 +182,14 @@ void MpiGroup::alltoallv(const void* send, const std::vector<std::size_t>& send_
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     if ((spins & 1023) == 0 &&
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_)
-      throw Error(str(phase, ": the group's all-to-all has not finished in ", timeout_s_,
-                      " s (DLO_GATHER_TIMEOUT_S): a rank of the group is gone or stuck"),
-                  ErrorKind::kTransfer);
+    {
+      // The request is still active and MPI may yet write into `recv`: the process cannot go on
+      // (nor unwind and free the buffers), so every rank ends here, as the world's collectives do.
+      std::string ranks;
+      for (std::size_t i = 0; i < world_ranks_.size(); ++i) ranks += (i ? ", " : "") + std::to_string(world_ranks_[i]);
+      MpiWorld::abort(str(phase, ": the all-to-all of the group of ranks ", ranks, " has not finished in ", timeout_s_,
+                          " s (DLO_GATHER_TIMEOUT_S): a rank of the group is gone or stuck"));
+    }
   }
 }
 

@@ -38,9 +38,10 @@ class MpiGroup {
 
   // Collective over the group: rank i's send[send_offset[j] .. + send_bytes[j]) goes to rank j,
   // which receives it at recv + recv_offset[i] (recv_bytes[i] of it). Bounded like the world's
-  // collectives: not finished after the timeout, it throws dlo::Error (kind transfer, naming
-  // `phase`): a peer is gone or stuck, and the group is out of step. Counts above INT_MAX bytes
-  // per peer are refused (kind internal).
+  // collectives: not finished after the timeout (a peer is gone or stuck), it ends every rank
+  // (abort()), naming `phase` and the group. A count or offset above INT_MAX bytes is refused
+  // (dlo::Error, kind internal) before anything is sent: callers that must stay in step check
+  // their sizes first (every rank of the group must refuse alike).
   void alltoallv(const void* send, const std::vector<std::size_t>& send_bytes, const std::vector<std::size_t>& send_offset,
                  void* recv, const std::vector<std::size_t>& recv_bytes, const std::vector<std::size_t>& recv_offset,
                  const char* phase) const;

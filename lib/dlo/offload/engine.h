@@ -134,7 +134,8 @@ class BlockEngine {
   // If compute throws, the pass goes on without computing (the collective stays in step) and
   // BlockComputeError is thrown at its end; a failure of a transfer propagates as it happens, and
   // so does a dlo::Error of kind transfer from compute itself (its exchange with other ranks, a
-  // sequence-parallel group's, failed: the ranks are out of step).
+  // sequence-parallel group's, failed: the ranks are out of step, the pass's blocks stay
+  // acquired, and the process must end).
   void traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute);
 
   EngineStats stats() const;

@@ -176,8 +176,10 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
     mem.push_back(job_memory(model, j, dtype));
     p.held = std::max(p.held, mem.back().held);
   }
-  // Any job may sit beside the largest ones held (parked, or prepared next).
-  p.jobs_held = std::max(0, jobs_held);
+  // Any job may sit beside the largest ones held (parked, or prepared next); a batch has at most
+  // jobs - 1 others.
+  p.jobs_held = static_cast<int>(std::min<std::int64_t>(std::max(0, jobs_held),
+                                                        std::max<std::int64_t>(0, static_cast<std::int64_t>(jobs.size()) - 1)));
   p.held = sat_mul(p.held, static_cast<std::uint64_t>(p.jobs_held));
   std::set<std::uint64_t, std::greater<>> candidates;
   for (auto& m : mem) {

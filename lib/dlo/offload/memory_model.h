@@ -21,10 +21,11 @@ namespace dlo {
 struct JobMemory {
   std::uint64_t working = 0;  // one denoising step on the compute device (wan_forward_working_bytes)
   std::uint64_t decode = 0;   // the VAE decode on the host (the decoder's largest stage; rough)
-  // What the job keeps on the compute device between its steps, counted in `working` for the
-  // job itself: its latents (fp32), the scheduler's history (UniPC's: up to 3 more latent-sized
-  // fp32 tensors) and its prompt contexts (a branch each: 512 tokens x text_dim). A rank holds
-  // other jobs' too: the next one being prepared, and parked ones (plan_batch_memory's jobs_held).
+  // What a job keeps on the compute device between its steps: its latents (fp32), the
+  // scheduler's history (UniPC's: up to 3 more latent-sized fp32 tensors) and its prompt contexts
+  // (a branch each: 512 tokens x text_dim). `working` counts the running job's latents and
+  // contexts for its step (not the history); a rank also holds other jobs': the next one being
+  // prepared, and parked ones (plan_batch_memory's jobs_held).
   std::uint64_t held = 0;
 };
 // Counted from the configs; `dtype` is the transformer's compute dtype.
@@ -73,8 +74,9 @@ struct BatchMemoryPlan {
 // cannot fit beside the choice made for the others is refused), the per-job check for every job,
 // and the figures. `model` gives the checkpoint sizes of the text encoder and the VAE (file
 // sizes only). `jobs_held`: how many jobs a rank keeps on its device beside the one it computes
-// (the next one, prepared; with two experts and expert alignment also the parked ones), each
-// counted as the batch's largest JobMemory::held in every job's working memory. Throws
+// (the next one, prepared; with two experts and expert alignment also the parked ones; at most
+// the batch's other jobs), each counted as the batch's largest JobMemory::held in every job's
+// working memory. Throws
 // dlo::Error when no job fits at all, or when a requested strategy cannot fit its weights, with
 // the figures.
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,

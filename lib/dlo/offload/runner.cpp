@@ -1,6 +1,7 @@
 #include "dlo/offload/runner.h"
 
 #include <algorithm>
+#include <climits>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -181,6 +182,12 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
     heads = Partition::even(c.num_attention_heads, group.size(), "sequence parallelism over the attention heads");
     tokens = Partition::even(full[0].h.size(1), group.size(), "sequence parallelism over the tokens");
     for (const auto& f : full) rows.push_back(wan_state_rows(f, tokens.offset[me], tokens.size[me]));
+    // One MPI call carries at most INT_MAX bytes in all (offsets are ints): the largest buffer
+    // of any rank, from the partitions every rank knows, so all refuse alike.
+    const auto& h = full[0].h;
+    const std::uint64_t whole = static_cast<std::uint64_t>(h.numel()) * h.element_size();  // [B, L, D]: every exchange's largest
+    DLO_CHECK(whole <= static_cast<std::uint64_t>(INT_MAX), "sequence parallelism: ", whole,
+              " bytes of hidden states exceed one MPI exchange (2 GiB)");
   } catch (const std::exception& e) {
     failure = str("the transformer's input embeddings: ", describe_exception(e));
   }
@@ -224,11 +231,17 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
         failure = str("block ", i, ": ", describe_exception(e));
       }
     }
-    while (done < per_block) {
-      if (done % 4 < 3)
-        to_heads(at::zeros({batch, tokens.size[me], c.num_attention_heads, head_dim}, opt));
-      else
-        to_tokens(at::zeros({batch, tokens.total(), heads.size[me], head_dim}, opt));
+    try {
+      while (done < per_block) {
+        if (done % 4 < 3)
+          to_heads(at::zeros({batch, tokens.size[me], c.num_attention_heads, head_dim}, opt));
+        else
+          to_tokens(at::zeros({batch, tokens.total(), heads.size[me], head_dim}, opt));
+      }
+    } catch (const std::exception& e) {
+      // Out of step with the group (it waits for an exchange this rank cannot make): end every rank.
+      MpiWorld::abort(str("sequence parallelism, block ", i, ": after ", failure, ", joining the group's exchanges failed: ",
+                          describe_exception(e)));
     }
   }, pass);
   if (const std::string why = group_failure(group, failure); !why.empty()) throw BlockComputeError(why);
@@ -236,11 +249,12 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
   for (std::size_t k = 0; k < full.size(); ++k) {
     full[k].h = gather_tokens(group, rows[k].h, tokens);  // a failure here is the group's: it propagates
     try {
-      out.push_back(model_.end(full[k]));
+      if (failure.empty()) out.push_back(model_.end(full[k]));
     } catch (const std::exception& e) {
-      throw BlockComputeError(str("the transformer's output head: ", describe_exception(e)));
+      failure = str("the transformer's output head: ", describe_exception(e));
     }
   }
+  if (const std::string why = group_failure(group, failure); !why.empty()) throw BlockComputeError(why);
   return out;
 }
 

@@ -76,8 +76,8 @@ class WanOffloadRunner : public OffloadStack {
   // group (P > heads or P > tokens included, refused by name before the blocks) fails the forward
   // on every rank of the group with BlockComputeError (that rank's message; its partners name it),
   // after the pass was completed: a failing rank keeps joining the group's exchanges, so nobody
-  // waits. A failure of an exchange itself (kind transfer: a partner gone or stuck) propagates
-  // like the gathers'. One group of size 1 is forward(). `before_block`: as forward()'s.
+  // waits. An exchange that does not finish (a partner gone or stuck) ends every rank, as a
+  // gather that does not. One group of size 1 is forward(). `before_block`: as forward()'s.
   std::vector<at::Tensor> forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
                                         const std::vector<BlockEngine*>& pass = {},
                                         const std::function<void(std::int64_t block)>& before_block = {});
