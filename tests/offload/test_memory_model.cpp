@@ -121,6 +121,12 @@ TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job t
   const std::vector<JobSpec> jobs = {job(480, 832, 81), job(16384, 16384, 1001), job(256, 256, 17)};
   const BatchMemoryPlan p = plan_batch_memory(m, jobs, "auto", stack, budget, at::kBFloat16, 0);
   REQUIRE(p.refused == std::vector<std::int64_t>{1});
+  // With jobs held beside each other the job too large to run at all is not one of them: the
+  // others still run (regression: its saturated figure, held beside them, refused the batch).
+  const BatchMemoryPlan held = plan_batch_memory(m, jobs, "auto", stack, budget, at::kBFloat16, 4);
+  CHECK(held.refused == std::vector<std::int64_t>{1});
+  CHECK(held.jobs_held == 1);  // the one other runnable job
+  CHECK(held.held == job_memory(m, jobs[0], at::kBFloat16).held);
   CHECK(p.refused_why[0].find("one step needs about") == 0);
   CHECK(p.refused_why[0].find("more than the device budget") != std::string::npos);
   // The same choice as auto makes for the largest job left (its working memory beside the

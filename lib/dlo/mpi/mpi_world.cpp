@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "dlo/common/folder_lock.h"
@@ -16,6 +17,9 @@
 
 namespace dlo {
 namespace {
+
+// A singleton's own Open MPI session folder (MpiWorld's private_tmp_), for abort() to remove too.
+std::string g_private_tmp;
 
 // Waits for every request, polling: spins briefly (these messages are small), then sleeps between
 // tests so a waiting rank leaves the cores to the others. After `timeout_s` the ranks `peers[i]`
@@ -59,7 +63,21 @@ MpiWorld::MpiWorld(int* argc, char*** argv) {
     // input but decides how MPI must start. setenv(..., 0) keeps a value the user set.
     const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
                           std::getenv("PMI_RANK") || std::getenv("SLURM_PROCID");
-    if (!launched) ::setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+    if (!launched) {
+      ::setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+      // Its session directory in a folder of its own: under the shared /tmp/ompi.HOST.UID a job
+      // that ends at the same moment may remove the parent while this one creates its own
+      // (seen in CI: "mkdir /tmp/ompi.vm.0/jf.0: No such file or directory", MPI_Init fails).
+      if (std::getenv("OMPI_MCA_orte_tmpdir_base") == nullptr) {
+        const char* tmp = std::getenv("TMPDIR");
+        std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/dlo-mpi-XXXXXX";
+        if (::mkdtemp(templ.data()) != nullptr) {
+          ::setenv("OMPI_MCA_orte_tmpdir_base", templ.c_str(), 0);
+          private_tmp_ = templ;
+          g_private_tmp = templ;
+        }
+      }
+    }
     MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     we_initialised_ = true;
   } else {
@@ -93,6 +111,10 @@ MpiWorld::~MpiWorld() {
     MPI_Comm_free(&comm);
   }
   if (we_initialised_) MPI_Finalize();
+  if (!private_tmp_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(private_tmp_, ignored);
+  }
 }
 
 std::string MpiWorld::tag() const { return str("[", rank_, "/", size_, "]"); }
@@ -114,6 +136,10 @@ void MpiWorld::abort(const std::string& message, int code) {
   std::fprintf(stderr, "[%d/%d] fatal: %s; aborting all ranks\n", rank, size, message.c_str());
   std::fflush(stderr);
   FolderLock::release_for_exit();  // the run is over: a rerun on any node may take the folder
+  if (!g_private_tmp.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(g_private_tmp, ignored);
+  }
   if (live) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

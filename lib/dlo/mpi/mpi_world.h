@@ -128,6 +128,7 @@ class MpiWorld {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::string host_;
   bool we_initialised_ = false;
+  std::string private_tmp_;  // a singleton's own Open MPI session folder, removed after MPI_Finalize
   int comm_f_ = 0;                // the duplicated communicator (Fortran handle: no <mpi.h> here)
   bool have_comm_ = false;
   mutable std::uint64_t seq_ = 0;  // collectives made: every rank counts alike, tags follow it

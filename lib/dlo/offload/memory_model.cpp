@@ -167,28 +167,16 @@ std::string job_memory_problem(const StrategyChoice& choice, const StackSize& st
   return "";
 }
 
-BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
-                                  const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
-                                  at::ScalarType dtype, int jobs_held) {
-  BatchMemoryPlan p;
-  std::vector<JobMemory> mem;
-  for (const auto& j : jobs) {
-    mem.push_back(job_memory(model, j, dtype));
-    p.held = std::max(p.held, mem.back().held);
-  }
-  // Any job may sit beside the largest ones held (parked, or prepared next); a batch has at most
-  // jobs - 1 others.
-  p.jobs_held = static_cast<int>(std::min<std::int64_t>(std::max(0, jobs_held),
-                                                        std::max<std::int64_t>(0, static_cast<std::int64_t>(jobs.size()) - 1)));
-  p.held = sat_mul(p.held, static_cast<std::uint64_t>(p.jobs_held));
+namespace {
+
+// The strategy for the largest job that leaves one (a job too large for every strategy must not
+// take the others down with it), and the jobs that cannot run beside it: p.choice, p.working,
+// p.refused and p.refused_why. Throws dlo::Error when no job fits.
+void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemory>& mem, const std::string& requested,
+                     const StackSize& stack, const MemoryBudget& budget, BatchMemoryPlan& p) {
   std::set<std::uint64_t, std::greater<>> candidates;
-  for (auto& m : mem) {
-    m.working = sat_add(m.working, p.held);
-    candidates.insert(working_for_choice(m, budget, stack));
-  }
+  for (const auto& m : mem) candidates.insert(working_for_choice(m, budget, stack));
   if (candidates.empty()) candidates.insert(0);  // nothing to render: the weights alone decide
-  // The strategy for the largest job that leaves one: a job too large for every strategy must not
-  // take the others down with it.
   std::string last_error;
   bool chosen = false;
   for (const std::uint64_t w : candidates) {
@@ -210,6 +198,8 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
                                    jobs[smallest].id, "'), needs about ", human_bytes(mem[smallest].working),
                                    " per denoising step: ", last_error));
   }
+  p.refused.clear();
+  p.refused_why.clear();
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     std::string why = job_memory_problem(p.choice, stack, mem[i], budget);
     if (!why.empty()) {
@@ -219,6 +209,33 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
   }
   DLO_CHECK(jobs.empty() || p.refused.size() < jobs.size(), "no job fits in memory; job 0 ('", jobs[0].id, "'): ",
             p.refused_why.empty() ? "" : p.refused_why[0]);
+}
+
+}  // namespace
+
+BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
+                                  const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
+                                  at::ScalarType dtype, int jobs_held) {
+  BatchMemoryPlan p;
+  std::vector<JobMemory> mem;
+  for (const auto& j : jobs) mem.push_back(job_memory(model, j, dtype));
+  // First without the held jobs, so that a job too large to run at all (refused) does not count
+  // as held beside the others; then every job that can run holds the largest of those that can,
+  // at most the batch's other runnable jobs, and the choice is made again with them.
+  choose_for_jobs(jobs, mem, requested, stack, budget, p);
+  std::uint64_t largest_held = 0;
+  std::int64_t runnable = 0;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (std::find(p.refused.begin(), p.refused.end(), static_cast<std::int64_t>(i)) != p.refused.end()) continue;
+    largest_held = std::max(largest_held, mem[i].held);
+    ++runnable;
+  }
+  p.jobs_held = static_cast<int>(std::min<std::int64_t>(std::max(0, jobs_held), std::max<std::int64_t>(0, runnable - 1)));
+  p.held = sat_mul(largest_held, static_cast<std::uint64_t>(p.jobs_held));
+  if (p.held > 0) {
+    for (auto& m : mem) m.working = sat_add(m.working, p.held);
+    choose_for_jobs(jobs, mem, requested, stack, budget, p);
+  }
 
   const Kept k = kept_by(p.choice, stack);
   p.blocks_bytes = stack.total();
