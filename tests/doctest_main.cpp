@@ -5,6 +5,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "common/doctest_listener.h"
+
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -13,20 +15,9 @@ namespace {
 
 std::atomic<int> g_cases{0};
 
-struct CaseCounter : doctest::IReporter {
-  explicit CaseCounter(const doctest::ContextOptions&) {}
-  void report_query(const doctest::QueryData&) override {}
-  void test_run_start() override {}
-  void test_run_end(const doctest::TestRunStats&) override {}
+struct CaseCounter : dlo::test::QuietListener {
+  using QuietListener::QuietListener;
   void test_case_start(const doctest::TestCaseData&) override { ++g_cases; }
-  void test_case_reenter(const doctest::TestCaseData&) override {}
-  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
-  void test_case_exception(const doctest::TestCaseException&) override {}
-  void subcase_start(const doctest::SubcaseSignature&) override {}
-  void subcase_end() override {}
-  void log_assert(const doctest::AssertData&) override {}
-  void log_message(const doctest::MessageData&) override {}
-  void test_case_skipped(const doctest::TestCaseData&) override {}
 };
 DOCTEST_REGISTER_LISTENER("dlo_case_counter", 1, CaseCounter);
 

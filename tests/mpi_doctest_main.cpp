@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "common/doctest_listener.h"
 #include "dlo/mpi/mpi_world.h"
 
 namespace {
@@ -25,23 +26,12 @@ std::mutex g_case_mu;
 std::string g_case = "(before the first test case)";
 
 // Records the running test case for the watchdog's message.
-struct CaseTracker : doctest::IReporter {
-  explicit CaseTracker(const doctest::ContextOptions&) {}
-  void report_query(const doctest::QueryData&) override {}
-  void test_run_start() override {}
-  void test_run_end(const doctest::TestRunStats&) override {}
+struct CaseTracker : dlo::test::QuietListener {
+  using QuietListener::QuietListener;
   void test_case_start(const doctest::TestCaseData& tc) override {
     std::lock_guard<std::mutex> lock(g_case_mu);
     g_case = tc.m_name;
   }
-  void test_case_reenter(const doctest::TestCaseData&) override {}
-  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
-  void test_case_exception(const doctest::TestCaseException&) override {}
-  void subcase_start(const doctest::SubcaseSignature&) override {}
-  void subcase_end() override {}
-  void log_assert(const doctest::AssertData&) override {}
-  void log_message(const doctest::MessageData&) override {}
-  void test_case_skipped(const doctest::TestCaseData&) override {}
 };
 DOCTEST_REGISTER_LISTENER("dlo_case_tracker", 1, CaseTracker);
 

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "common/mpi_test_util.h"
 #include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
@@ -25,25 +26,8 @@ using namespace dlo;
 
 namespace {
 
-// The MpiWorld made by main(): MPI is already initialised, so this one only reads the facts.
-const MpiWorld& world() {
-  static MpiWorld w(nullptr, nullptr);
-  return w;
-}
-
-// A directory rank 0 creates and every rank uses (all ranks of these tests share one machine).
-class SharedDir {
- public:
-  SharedDir() {
-    if (world().rank() == 0) path_ = dir_.path().string();
-    path_ = world().broadcast_string(path_);
-  }
-  std::string file(const std::string& n) const { return path_ + "/" + n; }
-
- private:
-  dlo::test::TempDir dir_;  // rank 0's is the one used; the others' are empty and removed
-  std::string path_;
-};
+using dlo::test::SharedDir;
+using dlo::test::world;
 
 std::unique_ptr<Collective> collective_for(Strategy s) {
   return is_sharded(s) && world().size() > 1 ? make_mpi_collective(world()) : nullptr;

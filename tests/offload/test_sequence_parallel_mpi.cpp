@@ -9,6 +9,7 @@
 // group with its message, and nobody waits for it (it keeps joining the exchanges).
 #include "common/doctest_torch.h"
 
+#include "common/mpi_test_util.h"
 #include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
@@ -23,23 +24,8 @@ using namespace dlo;
 
 namespace {
 
-const MpiWorld& world() {
-  static MpiWorld w(nullptr, nullptr);
-  return w;
-}
-
-class SharedDir {
- public:
-  SharedDir() {
-    if (world().rank() == 0) path_ = dir_.path().string();
-    path_ = world().broadcast_string(path_);
-  }
-  std::string file(const std::string& n) const { return path_ + "/" + n; }
-
- private:
-  dlo::test::TempDir dir_;
-  std::string path_;
-};
+using dlo::test::SharedDir;
+using dlo::test::world;
 
 WanTransformerConfig sp_config(std::int64_t heads) {
   auto c = WanTransformerConfig::preset("wan-test");
