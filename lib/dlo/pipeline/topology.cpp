@@ -1,0 +1,137 @@
+#include "dlo/pipeline/topology.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <queue>
+
+#include "dlo/common/error.h"
+
+namespace dlo {
+namespace {
+
+std::string two_digits(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", x);
+  return buf;
+}
+
+// Why `t` cannot run the batch ("": it can).
+std::string violation(const Topology& t, const TopologyLimits& l) {
+  if (l.ranks % t.group_size != 0) return str("groups of ", t.group_size, " rank(s) do not divide ", l.ranks, " rank(s)");
+  for (std::size_t j = 0; j < l.steps.size(); ++j) {
+    const int sp = t.sp_of(l.guided[j]);
+    if (sp > l.heads) return str(sp, " ranks along the sequence exceed the model's ", l.heads, " attention heads");
+    if (sp > l.tokens[j]) return str(sp, " ranks along the sequence exceed job ", j, "'s ", l.tokens[j], " tokens");
+  }
+  return {};
+}
+
+// The batch's time in single-rank steps: jobs in order, each to the group that frees up first.
+double predicted_time(const Topology& t, const TopologyLimits& l) {
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+  for (int g = 0; g < t.groups(l.ranks); ++g) free_at.push(0);
+  double end = 0;
+  for (std::size_t j = 0; j < l.steps.size(); ++j) {
+    const bool guided = l.guided[j];
+    const double s = static_cast<double>(l.steps[j]) / predicted_speedup(t.sp_of(guided), t.cfg && guided);
+    const double done = free_at.top() + s;
+    free_at.pop();
+    free_at.push(done);
+    end = std::max(end, done);
+  }
+  return end;
+}
+
+}  // namespace
+
+int parse_sp(const std::string& text, const std::string& flag) {
+  if (text == "auto") return 0;
+  std::size_t used = 0;
+  long v = 0;
+  try {
+    v = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  DLO_CHECK(used == text.size() && !text.empty() && v >= 1 && v <= 4096, flag, ": '", text,
+            "' is not auto or a rank count (1 or more)");
+  return static_cast<int>(v);
+}
+
+TopologyRequest::Cfg parse_cfg_parallel(const std::string& text, const std::string& flag) {
+  if (text == "auto") return TopologyRequest::Cfg::kAuto;
+  if (text == "on") return TopologyRequest::Cfg::kOn;
+  if (text == "off") return TopologyRequest::Cfg::kOff;
+  throw Error(str(flag, ": '", text, "' is not on, off or auto"));
+}
+
+std::string Topology::label(bool guided) const {
+  const int sp = sp_of(guided);
+  if (cfg && guided) return sp > 1 ? str("cfg 2 x sp ", sp) : std::string("cfg 2");
+  return sp > 1 ? str("sp ", sp) : std::string("dp");
+}
+
+double predicted_speedup(int sp, bool cfg) {
+  const double along = std::pow(static_cast<double>(sp), std::log2(2 * kSpEfficiency));
+  return along * (cfg ? 2 * kCfgEfficiency : 1.0);
+}
+
+Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l) {
+  DLO_ASSERT(l.ranks >= 1 && l.steps.size() == l.guided.size() && l.steps.size() == l.tokens.size());
+  const bool explicit_sp = request.sp > 0;
+  const bool cfg_on = request.cfg == TopologyRequest::Cfg::kOn, cfg_off = request.cfg == TopologyRequest::Cfg::kOff;
+  Topology dp;
+  dp.predicted = dp.predicted_dp = predicted_time(dp, l);
+  const auto flags = [&] {
+    return str("--sp ", explicit_sp ? std::to_string(request.sp) : std::string("auto"), " --cfg-parallel ",
+               cfg_on ? "on" : cfg_off ? "off" : "auto");
+  };
+  if (!l.groups_supported) {
+    // Only explicit requests for groups are refused; auto stays data parallel.
+    DLO_CHECK(!(explicit_sp && request.sp > 1) && !cfg_on, flags(), ": ", l.unsupported_why);
+    dp.reason = str("every rank its own job (", l.unsupported_why, ")");
+    return dp;
+  }
+  std::vector<Topology> candidates;
+  std::string refused;
+  for (int sp = 1; sp <= l.ranks; ++sp) {
+    if (explicit_sp && sp != request.sp) continue;
+    for (const bool cfg : {false, true}) {
+      if ((cfg && cfg_off) || (!cfg && cfg_on)) continue;
+      Topology t;
+      t.group_size = sp * (cfg ? 2 : 1);
+      t.cfg = cfg;
+      if (const std::string why = violation(t, l); !why.empty()) {
+        if (refused.empty()) refused = why;
+        continue;
+      }
+      t.predicted = predicted_time(t, l);
+      t.predicted_dp = dp.predicted;
+      candidates.push_back(t);
+    }
+  }
+  DLO_CHECK(!candidates.empty(), flags(), " on ", l.ranks, " rank(s): ", refused.empty() ? "no topology fits" : refused);
+  // Candidates come by SP degree, then without CFG first: a tie keeps the smaller group.
+  const Topology* best = &candidates.front();
+  for (const auto& t : candidates)
+    if (t.predicted < best->predicted * (1 - 1e-9)) best = &t;
+  Topology t = *best;
+  const std::size_t guided = static_cast<std::size_t>(std::count(l.guided.begin(), l.guided.end(), true));
+  std::string how;
+  if (t.group_size == 1) {
+    how = "every rank its own job";
+  } else {
+    how = str(t.groups(l.ranks), " group(s) of ", t.group_size, " ranks (");
+    if (guided > 0) how += str("guided jobs ", t.label(true));
+    if (guided < l.steps.size()) how += str(guided > 0 ? ", unguided " : "unguided jobs ", t.label(false));
+    how += ")";
+  }
+  t.reason = str(how, ": ", l.steps.size(), " job(s) on ", l.ranks, " rank(s), predicted ", two_digits(t.predicted),
+                 " single-rank step times vs ", two_digits(t.predicted_dp), " data parallel",
+                 explicit_sp || request.cfg != TopologyRequest::Cfg::kAuto ? str(" (", flags(), ")") : std::string());
+  return t;
+}
+
+}  // namespace dlo

@@ -1,0 +1,74 @@
+// How a batch's ranks are grouped into jobs: data parallelism (each rank its own job), sequence
+// parallelism (a group of ranks splits one job's tokens, runner.h's forward_group) and CFG
+// parallelism (a guided job's two branches on the two halves of a group, forward_cfg).
+//
+// The topology is fixed for a batch: the world's ranks form groups of `group_size` consecutive
+// ranks ([0, P), [P, 2P), ...); the job scheduler hands jobs to groups as it would to ranks. In
+// a group of P ranks with CFG parallelism a guided job runs its conditional branch on the first
+// P/2 ranks and its unconditional one on the others, each half split along the sequence (SP
+// P/2); an unguided job runs on all P along the sequence. Weights stay sharded over the whole
+// world, so the topology moves no weights and never changes the frames.
+//
+// `auto` picks from a small cost model: each job costs its steps, divided by the group's speedup
+// (kSpEfficiency per doubling of the SP degree and kCfgEfficiency for a CFG pair, measured on
+// the CPU by tools/bench_sequence_parallel.py), and the jobs are listed in order onto the groups
+// that free up first; the topology with the shortest predicted batch wins, ties going to smaller
+// groups. So a single prompt takes every rank, and a batch with at least as many jobs as ranks
+// stays data parallel. Groups are not re-formed at job boundaries yet (the tail of a long batch
+// keeps its topology).
+//
+// Pure: no MPI, no torch (tests/pipeline/test_topology.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dlo {
+
+// What the user asked for: --sp N|auto, --cfg-parallel on|off|auto.
+struct TopologyRequest {
+  int sp = 0;  // ranks along the sequence per branch; 0: auto
+  enum class Cfg { kAuto, kOn, kOff } cfg = Cfg::kAuto;
+};
+// "auto" or a count >= 1; "on", "off" or "auto". Throw dlo::Error (kind input) naming `flag`.
+int parse_sp(const std::string& text, const std::string& flag);
+TopologyRequest::Cfg parse_cfg_parallel(const std::string& text, const std::string& flag);
+
+// What the topology must respect.
+struct TopologyLimits {
+  int ranks = 1;
+  int heads = 1;                      // attention heads: the SP degree's upper bound
+  std::vector<std::int64_t> steps;    // per runnable job
+  std::vector<bool> guided;           // per runnable job
+  std::vector<std::int64_t> tokens;   // per runnable job: the SP degree's upper bound
+  bool groups_supported = true;       // false: the device cannot exchange activations (CUDA for now)
+  std::string unsupported_why;        // why not, for the refusal of an explicit request
+};
+
+struct Topology {
+  int group_size = 1;  // P: ranks per job
+  bool cfg = false;    // guided jobs on the two halves of a group
+  double predicted = 0;   // the cost model's batch time, in single-rank steps
+  double predicted_dp = 0;  // the same with every rank on its own job
+  std::string reason;  // for the report: what was chosen and why
+  int groups(int ranks) const { return ranks / group_size; }
+  // The SP degree of a job: P/2 for a guided job in a CFG group, else P.
+  int sp_of(bool guided) const { return cfg && guided ? group_size / 2 : group_size; }
+  // "dp", "sp 2", "cfg 2", "cfg 2 x sp 2": how a job of that guidance is computed.
+  std::string label(bool guided) const;
+};
+
+inline constexpr double kSpEfficiency = 0.69;   // SP 2 ran 1.38x one rank (docs/benchmarks.md)
+inline constexpr double kCfgEfficiency = 0.92;  // CFG 2 ran 1.85x one rank
+
+// The speedup the cost model gives a job on `sp` ranks per branch, `cfg` on two branches' ranks.
+double predicted_speedup(int sp, bool cfg);
+
+// The topology for the batch. An explicit request that cannot hold (P not dividing the ranks,
+// more ranks along the sequence than heads or than a job's tokens, groups on a device without
+// the exchange) is a dlo::Error (kind input) naming the flag; auto only considers topologies that
+// hold.
+Topology choose_topology(const TopologyRequest& request, const TopologyLimits& limits);
+
+}  // namespace dlo
