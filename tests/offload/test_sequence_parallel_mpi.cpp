@@ -114,17 +114,17 @@ TEST_CASE("a rank of a group that fails in a block or in its embeddings fails th
   runner.start(eo, make_mpi_collective(world()));
   const auto g = world().split(0);  // every rank, one group
   const at::Tensor x = at::randn({1, 4, 3, 6, 6}), t = at::tensor({300}, at::kLong), ctx = at::randn({1, 7, 16});
-  // Rank 1 fails at block 1: its own message there, its partners name it.
+  // Rank 1 fails at block 1: its own message there, its partners name it and give its message.
   const auto hook = [](std::int64_t b) {
     if (world().rank() == 1 && b == 1) throw Error("injected failure (test)");
   };
-  const std::string want = world().rank() == 1 ? "block 1: injected failure (test)" : "rank(s) 1 of this job's group failed";
+  const std::string want = world().rank() == 1 ? "block 1: injected failure (test)" : "rank 1 of this job's group: block 1: injected failure (test)";
   CHECK_THROWS_WITH_AS(runner.forward_group(*g, {{x, t, ctx}, {x, t, ctx}}, {}, hook), doctest::Contains(want.c_str()),
                        BlockComputeError);
   // Rank 2's inputs do not fit (its embeddings fail), before any exchange.
   const at::Tensor bad = world().rank() == 2 ? at::randn({1, 7, 15}) : ctx;
   CHECK_THROWS_WITH_AS(runner.forward_group(*g, {{x, t, bad}}),
-                       doctest::Contains(world().rank() == 2 ? "input embeddings" : "rank(s) 2 of this job's group failed"),
+                       doctest::Contains(world().rank() == 2 ? "input embeddings" : "rank 2 of this job's group: the transformer's input embeddings"),
                        BlockComputeError);
   // The engine and the group are in step: the next forward is exact.
   CHECK(at::equal(runner.forward_group(*g, {{x, t, ctx}})[0], reference.forward(x, t, ctx)));
@@ -134,7 +134,7 @@ TEST_CASE("a rank of a group that fails in a block or in its embeddings fails th
     const bool uncond_rank = partners->rank() == 1;
     const at::Tensor misfit = at::randn({1, 7, 15});
     CHECK_THROWS_WITH_AS(runner.forward_cfg(*partners, nullptr, {{x, t, ctx}, {x, t, uncond_rank ? misfit : ctx}}),
-                         doctest::Contains(uncond_rank ? "input embeddings" : "of this job's group failed"), BlockComputeError);
+                         doctest::Contains(uncond_rank ? "input embeddings" : "of this job's group: the transformer's input embeddings"), BlockComputeError);
     const auto both = runner.forward_cfg(*partners, nullptr, {{x, t, ctx}, {x, t, ctx}});
     CHECK(at::equal(both[1], reference.forward(x, t, ctx)));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -154,15 +155,33 @@ void WanOffloadRunner::traverse(const std::function<void(std::int64_t, const std
 
 namespace {
 
-// Every rank of `group` learns whether any failed (one small exchange): "" when none did, else
-// this rank's own failure or which ranks of the group failed.
+// Every rank of `group` learns whether any failed (two small exchanges: the messages' lengths,
+// then the messages): "" when none did, else this rank's own failure, or the first failed rank's
+// message naming it (and any others that failed), so the record of the job says why whichever
+// rank of the group writes it. Messages are cut at 2000 bytes.
 std::string group_failure(const MpiGroup& group, const std::string& mine) {
-  const auto flags = gather_all(group, at::tensor({mine.empty() ? 0 : 1}, at::kInt));
-  std::string failed;
-  for (std::size_t r = 0; r < flags.size(); ++r)
-    if (flags[r].item<int>() != 0) failed += str(failed.empty() ? "" : ", ", group.world_ranks()[r]);
+  const std::string text = mine.substr(0, 2000);
+  const auto lens = gather_all(group, at::tensor({static_cast<int>(text.size())}, at::kInt));
+  int longest = 0;
+  std::vector<int> failed;
+  for (std::size_t r = 0; r < lens.size(); ++r) {
+    const int n = lens[r].item<int>();
+    longest = std::max(longest, n);
+    if (n > 0) failed.push_back(static_cast<int>(r));
+  }
   if (failed.empty()) return "";
-  return mine.empty() ? str("rank(s) ", failed, " of this job's group failed (see their messages)") : mine;
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  const auto all = gather_all(group, bytes);
+  if (!mine.empty()) return mine;
+  const int first = failed.front();
+  const std::string why(static_cast<const char*>(all[static_cast<std::size_t>(first)].data_ptr()),
+                        static_cast<std::size_t>(lens[static_cast<std::size_t>(first)].item<int>()));
+  std::string others;
+  for (std::size_t i = 1; i < failed.size(); ++i)
+    others += str(i == 1 ? "" : ", ", group.world_ranks()[static_cast<std::size_t>(failed[i])]);
+  return str("rank ", group.world_ranks()[static_cast<std::size_t>(first)], " of this job's group: ", why,
+             others.empty() ? std::string() : str(" (rank(s) ", others, " failed too)"));
 }
 
 }  // namespace
@@ -260,14 +279,15 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
 
 std::vector<at::Tensor> WanOffloadRunner::forward_cfg(const MpiGroup& partners, const MpiGroup* sp,
                                                       const std::vector<WanBranchInputs>& branches,
-                                                      const std::vector<BlockEngine*>& pass) {
+                                                      const std::vector<BlockEngine*>& pass,
+                                                      const std::function<void(std::int64_t)>& before_block) {
   DLO_ASSERT(static_cast<int>(branches.size()) == partners.size(), branches.size(), " branches for ", partners.size(),
              " CFG partners");
   const std::vector<WanBranchInputs> mine = {branches[static_cast<std::size_t>(partners.rank())]};
   std::vector<at::Tensor> out;
   std::string failure;
   try {
-    out = sp != nullptr ? forward_group(*sp, mine, pass) : forward(mine, {}, pass);
+    out = sp != nullptr ? forward_group(*sp, mine, pass, before_block) : forward(mine, before_block, pass);
   } catch (const BlockComputeError& e) {
     failure = e.what();  // the partner learns of it, instead of waiting for a prediction
   }
