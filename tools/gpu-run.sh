@@ -93,7 +93,8 @@ PY
 # Two experts (Wan2.2 A14B's shape, tiny): two jobs whose steps span both experts and whose ranks
 # meet on different experts in pass 2 (fox's step 2 runs transformer/, owl's transformer_2/: their
 # blocks are traversed together, two NCCL communicators back to back), at 1 rank (resident) and at
-# 2 ranks on the one GPU (dlo over NCCL): the same frames per job, byte for byte.
+# 2 ranks on the one GPU (dlo over NCCL), each rank its own job (--sp 1 --cfg-parallel off: on the
+# CPU rehearsal auto would pair them): the same frames per job, byte for byte.
 experts() {
   "$B/bin/dlo-checkpoint" make "$W/a14b" --preset wan2.2-a14b-test --layers 3 --in-channels 16 --out-channels 16 \
     --dtype bf16 --shard-size 50KB >/dev/null || return 1
@@ -107,7 +108,7 @@ YAML
   mpirun_ -np 1 "$B/bin/dlo-generate-bare" --jobs "$W/experts.yaml" --output-dir "$W/experts1" --device "$DEVARG" \
     --offload resident --report "$W/rep_experts1.json" || return 1
   mpirun_nccl2 "$B/bin/dlo-generate-bare" --jobs "$W/experts.yaml" --output-dir "$W/experts2" --device "$DEVARG" \
-    --offload dlo --no-expert-alignment --report "$W/rep_experts2.json" || return 1
+    --offload dlo --no-expert-alignment --sp 1 --cfg-parallel off --report "$W/rep_experts2.json" || return 1
   grep -o '"choice": "[^"]*"' "$W/rep_experts2.json"
   grep -o '"passes_streaming_both_experts": [0-9]*' "$W/rep_experts2.json" | head -1
   grep -q '"passes_streaming_both_experts": [1-9]' "$W/rep_experts2.json" || { echo "no pass on both experts"; return 1; }

@@ -4,9 +4,10 @@
 //   [mpirun -np N] dlo-generate --jobs prompts.yaml|prompts.txt [--model DIR] [--output-dir DIR]
 //       [job flags] [--force] [--dry-run] [--save-latents FILE.h5] [--quiet]
 //   job flags: one per job field (docs/manifest.md; --help lists them)
-//   run flags: --dtype --vae-dtype --offload --device-budget --device --threads --report
+//   run flags: --dtype --vae-dtype --offload --device-budget --device --sp --cfg-parallel --threads --report
 //
-// One prompt: rank 0 renders, every rank keeps 1/N of the transformer's blocks. A batch: every rank
+// One prompt: every rank keeps 1/N of the transformer's blocks; by default all of them compute
+// it together (CFG pairs, then sequence parallelism: --sp, --cfg-parallel), rank 0 writes it. A batch: every rank
 // renders a different job at once, taking the next at a pass boundary; results.jsonl in the output
 // folder records each job; a rerun skips what is done. SIGINT/SIGTERM stop every rank at the next
 // pass boundary (finished decodes are kept); a second signal stops at once; a rerun continues.
@@ -70,6 +71,10 @@ cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
       cxxopts::value<std::string>()->default_value("0"))(
       "report", "write the results and every rank's engine and memory facts as JSON (rank 0)",
       cxxopts::value<std::string>())("keep-page-cache", "keep the checkpoint's pages cached after building the shards")(
+      "sp", "ranks that split one job along the sequence (Ulysses), or auto (default: a single prompt or a short "
+      "batch takes every rank, a full batch one rank per job; see --dry-run)", cxxopts::value<std::string>()->default_value("auto"))(
+      "cfg-parallel", "on, off or auto: a guided job's two guidance branches on two halves of its ranks",
+      cxxopts::value<std::string>()->default_value("auto"))(
       "no-expert-alignment", "two experts: let each rank step its current job even when that makes a pass "
       "stream both experts (default: park a job or start the next early to keep the ranks on one)")(
       "quiet", "print only errors and failed jobs")("help-fields", "print the job-field table (Markdown) and exit")(
@@ -115,6 +120,8 @@ dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
   go.device = a["device"].as<std::string>();
   go.keep_page_cache = a.count("keep-page-cache") > 0;
   go.align_experts = a.count("no-expert-alignment") == 0;
+  go.topology.sp = dlo::parse_sp(a["sp"].as<std::string>(), "--sp");
+  go.topology.cfg = dlo::parse_cfg_parallel(a["cfg-parallel"].as<std::string>(), "--cfg-parallel");
   const int rank = static_cast<int>(int_flag(a, "fail-rank"));
   if (a.count("fail-job")) {
     go.faults.compute_job = int_flag(a, "fail-job");
@@ -194,12 +201,18 @@ void print_dry_run(const dlo::MpiWorld& world, const dlo::ModelInfo& model, cons
                    const dlo::GenerateOptions& go) {
   const dlo::RenderPlan rp = dlo::plan_render(world, model, plan.jobs, go);
   if (world.rank() != 0) return;
+  const int P = rp.topology.group_size;
   for (std::size_t i = 0; i < plan.jobs.size(); ++i) {
     const auto& j = plan.jobs[i].spec;
+    const int first = static_cast<int>(i) * P;
     std::cout << "job " << plan.jobs[i].index << " '" << j.id << "': " << j.width << "x" << j.height << ", " << j.frames
               << " frames, " << j.steps << " steps, guidance " << j.guidance << " -> " << j.output
-              << (static_cast<int>(i) < world.size() ? dlo::str(" (starts on rank ", i, ")") : "") << "\n";
+              << (first >= world.size() ? std::string()
+                  : P == 1       ? dlo::str(" (starts on rank ", first, ")")
+                                 : dlo::str(" (starts on ranks ", first, "-", first + P - 1, ", ", rp.topology.label(j.guided()), ")"))
+              << "\n";
   }
+  std::cout << "topology: " << rp.topology.reason << "\n";
   std::cout << "memory per rank with " << dlo::strategy_name(rp.memory.choice.strategy) << " on " << world.size()
             << " rank(s) (estimate; device " << rp.device << "):\n"
             << rp.memory.describe() << "\n";
@@ -284,8 +297,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
               << at::get_num_threads() << " thread(s) each (" << threads_why << ")\n";
   } else if (talk) {
     std::cerr << world.tag() << " model " << model.dir << "; " << dlo::job_parameters_text(plan.jobs[0].spec, model) << "\n";
-    std::cerr << world.tag() << " " << at::get_num_threads() << " thread(s) per rank (" << threads_why << "); rank 0 renders, " << world.size()
-              << " rank(s) share the transformer's weights\n";
+    std::cerr << world.tag() << " " << at::get_num_threads() << " thread(s) per rank (" << threads_why << "); " << world.size()
+              << " rank(s) share the transformer's weights (how they split the job: the topology, at the end)\n";
   }
   if (args.count("dry-run")) {
     print_dry_run(world, model, plan, go);

@@ -87,8 +87,10 @@ class WanOffloadRunner : public OffloadStack {
   // exchange their predictions, so every one returns every branch's output, as forward() does.
   // Collective over the partners (and sp). branches.size() == partners.size(). A branch that
   // fails fails the forward on every partner (BlockComputeError), after the pass, without waits.
+  // `before_block`: as forward()'s, on each partner's own branch.
   std::vector<at::Tensor> forward_cfg(const MpiGroup& partners, const MpiGroup* sp, const std::vector<WanBranchInputs>& branches,
-                                      const std::vector<BlockEngine*>& pass = {});
+                                      const std::vector<BlockEngine*>& pass = {},
+                                      const std::function<void(std::int64_t block)>& before_block = {});
 
  private:
   // compute over this runner's blocks: alone, or in `pass` (see forward).

@@ -36,6 +36,8 @@ std::string result_line(const JobResult& r) {
             {"status", r.status},
             {"error", r.error},
             {"rank", r.rank},
+            {"ranks", r.ranks.empty() ? std::vector<int>{r.rank} : r.ranks},
+            {"parallel", r.parallel},
             {"output", r.output},
             {"output_bytes", r.output_bytes},
             {"fingerprint", r.fingerprint},
@@ -63,6 +65,8 @@ JobResult result_from_line(const std::string& line) {
     r.status = j.at("status");
     r.error = j.at("error");
     r.rank = j.at("rank");
+    r.ranks = j.value("ranks", std::vector<int>{r.rank});  // absent in lines of earlier versions
+    r.parallel = j.value("parallel", std::string("dp"));
     r.output = j.at("output");
     r.output_bytes = j.value("output_bytes", std::int64_t{-1});  // absent in lines of earlier versions
     r.fingerprint = j.at("fingerprint");

@@ -20,7 +20,9 @@ struct JobResult {
   std::int64_t index = -1;    // in the batch
   std::string status = "ok";  // ok | failed
   std::string error;
-  int rank = 0;
+  int rank = 0;                // the rank that decoded and wrote it (its group's first)
+  std::vector<int> ranks;      // every rank that denoised it (empty: `rank` alone)
+  std::string parallel = "dp"; // how: dp, sp N, cfg 2, cfg 2 x sp N (pipeline/topology.h)
   std::string output;
   std::int64_t output_bytes = -1;  // the output's size when written (a folder: its files'); -1: unknown
   std::string fingerprint;    // job_fingerprint()

@@ -142,6 +142,29 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
   return plan;
 }
 
+// The batch's topology over the jobs that fit (every rank computes the same from the same input).
+Topology batch_topology(const ModelInfo& model, const std::vector<BatchJob>& jobs, const BatchMemoryPlan& memory,
+                        int ranks, const GenerateOptions& o, const c10::Device& device) {
+  TopologyLimits l;
+  l.ranks = ranks;
+  l.heads = 1 << 30;
+  const std::vector<WanTransformerConfig> configs = model.expert_configs();
+  for (const auto& c : configs) l.heads = std::min(l.heads, static_cast<int>(c.num_attention_heads));
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (std::find(memory.refused.begin(), memory.refused.end(), static_cast<std::int64_t>(i)) != memory.refused.end())
+      continue;
+    const JobSpec& j = jobs[i].spec;
+    const std::vector<std::int64_t> shape = model.latent_shape(j.frames, j.height, j.width);
+    l.steps.push_back(j.steps);
+    l.guided.push_back(j.guided());
+    l.tokens.push_back(wan_tokens(configs.front(), shape[2], shape[3], shape[4]));
+  }
+  l.groups_supported = device.is_cpu();
+  l.unsupported_why = "sequence and CFG parallelism run on the CPU for now (their exchange over NCCL is not built "
+                      "yet); use --device cpu";
+  return choose_topology(o.topology, l);
+}
+
 // One batch on this rank: the wave and what it keeps between passes. Members are declared in the
 // order they may be destroyed safely in reverse: the workers go first (their tasks dropped, the
 // running one joined) while the jobs, models and engine they use still exist.
@@ -209,10 +232,12 @@ class BatchRun {
     (void)agree_wave(world_, 0, layout);
     const StackSize stack = join_stacks(sizes);
     memory_ = agree_memory_plan(world_, model_, jobs_, o_, dev_, stack);
+    form_groups();
     report_.choice = str("offload: ", strategy_name(memory_.choice.strategy), " (", memory_.choice.reason, "); device ",
                          dev_.device.str(), "; ", ranks_, " rank(s)",
                          runners_.size() > 1 ? str("; ", runners_.size(), " experts, each rank holding its share of both")
-                                             : std::string());
+                                             : std::string(),
+                         "; topology: ", topo_.reason);
     // A job that does not fit fails alone, recorded by rank 0, before anything is prepared for it.
     std::vector<std::int64_t> steps, high_steps;
     for (std::size_t i = 0; i < jobs_.size(); ++i) {
@@ -228,10 +253,12 @@ class BatchRun {
       refused.fail(str("does not fit in memory: ", memory_.refused_why[static_cast<std::size_t>(r - memory_.refused.begin())]));
       record(refused.result);
     }
-    scheduler_ = std::make_unique<JobScheduler>(std::move(steps), ranks_, o_.align_experts, std::move(high_steps));
+    // The scheduler's ranks are the groups (one rank each without groups).
+    scheduler_ = std::make_unique<JobScheduler>(std::move(steps), topo_.groups(ranks_), o_.align_experts,
+                                                std::move(high_steps));
     // The first jobs' prompts are encoded before the engine's slots exist.
     for (const auto& a : scheduler_->initial_assignments())
-      if (std::find(a.ranks.begin(), a.ranks.end(), me_) != a.ranks.end()) {
+      if (ours(a)) {
         phase("text");
         assign(a.job);
         text_worker_.drain();
@@ -244,6 +271,53 @@ class BatchRun {
     expert_traversals_.assign(runners_.size(), 0);
   }
 
+  // The topology, agreed by every rank, and this rank's groups (collective: every rank splits
+  // alike). A request that cannot hold is the same error on every rank, before the engine.
+  void form_groups() {
+    std::string error;
+    try {
+      topo_ = batch_topology(model_, jobs_, memory_, ranks_, o_, dev_.device);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    world_.check_all(error, "topology");
+    const std::vector<std::int64_t> mine = {topo_.group_size, topo_.cfg ? 1 : 0};
+    const std::vector<std::int64_t> all = world_.allgather(mine, "agreeing on the topology");
+    for (int r = 0; r < ranks_; ++r)
+      DLO_CHECK_KIND(ErrorKind::kInternal, all[2 * r] == mine[0] && all[2 * r + 1] == mine[1], "rank ", r,
+                     " chose groups of ", all[2 * r], " rank(s) (CFG ", all[2 * r + 1], "), rank ", me_, " of ", mine[0],
+                     " (CFG ", mine[1], ")");
+    const int P = topo_.group_size;
+    slot_ = me_ / P;
+    leader_ = slot_ * P;
+    if (P == 1) return;
+    group_ = world_.split(slot_, "job groups");
+    if (topo_.cfg) {
+      const int half = P / 2, at = me_ - leader_;
+      half_ = world_.split(slot_ * 2 + at / half, "job groups' CFG halves");
+      partners_ = world_.split(slot_ * half + at % half, "CFG partners");
+    }
+    for (int r = leader_; r < leader_ + P; ++r) group_ranks_.push_back(r);
+  }
+  bool leader() const { return me_ == leader_; }
+  // Whether an assignment is this rank's group's.
+  bool ours(const JobAssignment& a) const {
+    return std::find(a.ranks.begin(), a.ranks.end(), slot_) != a.ranks.end();
+  }
+  StepGroups step_groups() const {
+    StepGroups g;
+    g.group = group_.get();
+    g.half = half_ && half_->size() > 1 ? half_.get() : nullptr;
+    g.partners = partners_.get();
+    return g;
+  }
+
+  const BatchJob& job_at_index(std::int64_t index) const {
+    for (const auto& j : jobs_)
+      if (j.index == index) return j;
+    DLO_ASSERT(false, "no job of index ", index);
+    return jobs_.front();
+  }
   const BatchJob& job_at(std::int64_t position) const {
     return jobs_[static_cast<std::size_t>(runnable_[static_cast<std::size_t>(position)])];
   }
@@ -266,7 +340,10 @@ class BatchRun {
       run->result.text_s = seconds_since(t0);
       ready->store(true, std::memory_order_release);
     });
-    next_ = std::move(s);
+    if (leader())
+      next_ = std::move(s);
+    else
+      mirror_.push_back(std::move(s));
   }
 
   // finish, on the decode worker: the VAE decode into the job's sink.
@@ -288,6 +365,11 @@ class BatchRun {
 
   // A finished or failed job's result, on its way to rank 0.
   void record(JobResult r) {
+    if (!leader()) return;  // the leader records its group's jobs
+    if (!group_ranks_.empty()) {
+      r.ranks = group_ranks_;
+      r.parallel = topo_.label(job_at_index(r.index).spec.guided());
+    }
     if (r.status != "ok") r.error = str("job ", r.index, " ('", r.id, "'): ", r.error);
     pending_.push_back(result_line(r));
     if (me_ != 0) report_.jobs.push_back(std::move(r));
@@ -312,6 +394,12 @@ class BatchRun {
   }
 
   RankReport boundary_report() {
+    if (!leader()) {  // a member: only a stop; the leader reports for the group
+      if (o_.faults.await_prepared) text_worker_.drain();
+      RankReport r;
+      r.stop = cb_.stop_requested && cb_.stop_requested();
+      return r;
+    }
     for (auto& r : finished_.take()) record(std::move(r));
     if (o_.faults.await_prepared && next_.run) text_worker_.drain();
     const bool next_ready = next_.run && next_.ready->load(std::memory_order_acquire);
@@ -364,7 +452,25 @@ class BatchRun {
   // The job the pass decided this rank computes becomes current_: a parked one (resumed; the
   // current one is parked last), or the prepared next one started early (the current is parked).
   void take_decided_job(const PassDecision& d) {
-    const std::int64_t want = d.rank_job[static_cast<std::size_t>(me_)];
+    const std::int64_t want = d.rank_job[static_cast<std::size_t>(slot_)];
+    if (!leader()) {
+      member_job_ = -1;
+      if (want < 0) return;
+      const auto m = std::find_if(mirror_.begin(), mirror_.end(), [&](const Slot& s) { return s.position == want; });
+      if (m == mirror_.end()) {
+        // Its preparation failed here alone (the leader's did not): the step fails on the group.
+        Slot s;
+        s.position = want;
+        s.run = std::make_shared<JobRun>(job_at(want), model_, me_);
+        s.ready->store(true);
+        mirror_.push_back(std::move(s));
+        member_job_ = static_cast<std::int64_t>(mirror_.size()) - 1;
+        return;
+      }
+      while (!m->ready->load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      member_job_ = m - mirror_.begin();
+      return;
+    }
     if (want < 0 || (current_.run && current_.position == want)) return;
     const auto p = std::find_if(parked_.begin(), parked_.end(), [&](const Slot& s) { return s.position == want; });
     if (p != parked_.end()) {
@@ -390,13 +496,34 @@ class BatchRun {
     sync_s_ += seconds_since(s0);
     std::vector<RankReport> reports;
     for (int r = 0; r < ranks_; ++r) reports.push_back(RankReport::decode(&all[static_cast<std::size_t>(r) * RankReport::kWords]));
-    return reports;
+    if (topo_.group_size == 1) return reports;
+    // The scheduler's ranks are the groups: each leader's report, with a stop from any member.
+    const int P = topo_.group_size;
+    std::vector<RankReport> groups;
+    for (int g = 0; g < topo_.groups(ranks_); ++g) {
+      RankReport r = reports[static_cast<std::size_t>(g * P)];
+      for (int m = 1; m < P; ++m) r.stop = r.stop || reports[static_cast<std::size_t>(g * P + m)].stop;
+      groups.push_back(r);
+    }
+    // A member drops the jobs its leader no longer holds (finished, or failed there alone).
+    if (!leader()) {
+      const RankReport& l = reports[static_cast<std::size_t>(leader_)];
+      std::vector<std::int64_t> held = {l.current, l.next};
+      held.insert(held.end(), l.parked.begin(), l.parked.end());
+      mirror_.erase(std::remove_if(mirror_.begin(), mirror_.end(),
+                                   [&](const Slot& s) { return std::find(held.begin(), held.end(), s.position) == held.end(); }),
+                    mirror_.end());
+    }
+    return groups;
   }
 
   void progress(const PassDecision& d) {
     if (me_ != 0 || !cb_.on_progress) return;
-    ProgressEvent ev{d.pass, static_cast<std::int64_t>(jobs_.size()), done_, failed_, d.rank_job, d.rank_step,
-                     scheduler_->eta_s(step_est_s_)};
+    ProgressEvent ev{d.pass, static_cast<std::int64_t>(jobs_.size()), done_, failed_, {}, {}, scheduler_->eta_s(step_est_s_)};
+    for (int r = 0; r < ranks_; ++r) {  // each rank shows its group's job
+      ev.rank_job.push_back(d.rank_job[static_cast<std::size_t>(r / topo_.group_size)]);
+      ev.rank_step.push_back(d.rank_step[static_cast<std::size_t>(r / topo_.group_size)]);
+    }
     for (auto& j : ev.rank_job)
       if (j >= 0) j = runnable_[static_cast<std::size_t>(j)];
     cb_.on_progress(ev);
@@ -408,9 +535,14 @@ class BatchRun {
   // order, so this rank joins the other expert's gathers behind its own compute
   // (BlockEngine::traverse_together). A failure of a ghost pass is the transfers': it propagates
   // and ends every rank.
-  void traverse(unsigned experts) {
+  void traverse(const PassDecision& d) {
+    const unsigned experts = d.experts;
     ++traversals_;
-    const int mine = current_.run ? current_.run->expert() : -1;
+    // This rank's job in the pass: the leader's (or a lone rank's) current one; a member's, its
+    // mirror of the job the pass gives its group.
+    Slot* job = leader() ? (current_.run ? &current_ : nullptr)
+                         : (member_job_ >= 0 ? &mirror_[static_cast<std::size_t>(member_job_)] : nullptr);
+    const int mine = job == nullptr ? -1 : leader() ? current_.run->expert() : d.rank_expert[static_cast<std::size_t>(slot_)];
     DLO_ASSERT(mine < 0 || (experts & (1u << mine)) != 0, "the pass does not stream expert ", mine);
     std::vector<BlockEngine*> pass;
     int first = -1;
@@ -426,7 +558,7 @@ class BatchRun {
     for (std::size_t e = 0; e < runners_.size(); ++e)
       if ((experts & (1u << e)) == 0) runners_[e]->engine().prefetch_entry();
     if (mine >= 0)
-      step(*runners_[static_cast<std::size_t>(mine)], pass);
+      step(*runners_[static_cast<std::size_t>(mine)], pass, *job);
     else
       runners_[static_cast<std::size_t>(first)]->ghost(pass);
     if (mine < 0) {
@@ -436,23 +568,23 @@ class BatchRun {
   }
 
   // One denoising step of this rank's job through its expert's runner (and `pass`, see traverse).
-  void step(WanOffloadRunner& runner, const std::vector<BlockEngine*>& pass) {
+  void step(WanOffloadRunner& runner, const std::vector<BlockEngine*>& pass, Slot& slot) {
     const auto t0 = Clock::now();
-    JobRun& run = *current_.run;
+    JobRun& run = *slot.run;
     const FaultHooks& f = o_.faults;
     const BlockHook hook = run.job.index == f.compute_job ? BlockHook([&](std::int64_t step, std::int64_t block) {
       DLO_CHECK(!(step == f.compute_step && block == f.compute_block), "injected failure (test hook)");
     })
                                                           : BlockHook();
     try {
-      denoise_step(runner, run, o_.dtype, hook, pass);
+      denoise_step(runner, run, o_.dtype, hook, pass, step_groups());
       if (dev_.device.is_cuda()) (void)run.latents.flatten()[0].item<float>();  // the step's time is real
       run.result.allocator_reserved_peak_bytes = device_memory(dev_.device).allocator_reserved_peak;
     } catch (const BlockComputeError& e) {
       // The job's own computation failed; the engine is in step (the pass went on as a ghost).
       run.fail(str("denoising step ", run.steps_done + 1, ": ", e.what()));
       record(run.result);
-      current_ = Slot{};
+      drop(slot);
       return;
     }
     // Any other exception is the transfers' and propagates: the collective is out of step.
@@ -461,11 +593,22 @@ class BatchRun {
     run.result.step_s.push_back(s);
     run.result.denoise_s += s;
     step_est_s_ = step_est_s_ == 0 ? s : 0.8 * step_est_s_ + 0.2 * s;
-    if (cb_.on_step) cb_.on_step({run.job.spec.id, run.job.index, run.steps_done, run.job.spec.steps, s});
+    if (cb_.on_step && leader()) cb_.on_step({run.job.spec.id, run.job.index, run.steps_done, run.job.spec.steps, s});
     if (run.steps_left() == 0) {
-      finish_later(std::move(current_));
-      current_ = Slot{};
+      if (leader()) finish_later(slot);  // a member's copy is done: the leader decodes
+      drop(slot);
     }
+  }
+
+  // The job of `slot` leaves this rank's denoising (finished or failed).
+  void drop(Slot& slot) {
+    if (leader()) {
+      DLO_ASSERT(&slot == &current_);
+      current_ = Slot{};
+      return;
+    }
+    mirror_.erase(mirror_.begin() + (&slot - mirror_.data()));
+    member_job_ = -1;
   }
 
   void wave() {
@@ -482,7 +625,7 @@ class BatchRun {
         return;
       }
       for (const auto& a : d.assignments)
-        if (std::find(a.ranks.begin(), a.ranks.end(), me_) != a.ranks.end()) assign(a.job);
+        if (ours(a)) assign(a.job);
       if (d.finished) return;
       progress(d);
       if (!d.traverse) {
@@ -495,7 +638,7 @@ class BatchRun {
         continue;
       }
       take_decided_job(d);
-      traverse(d.experts);
+      traverse(d);
     }
   }
 
@@ -515,11 +658,14 @@ class BatchRun {
     current_ = Slot{};
     parked_.clear();
     next_ = Slot{};
+    mirror_.clear();
     collect("collecting the last results");
 
     const ProcessMemory end = read_process_memory();
     const DeviceMemory dm = device_memory(dev_.device);
     ojson mine = {{"rank", me_},
+                 {"group", slot_},
+                 {"group_size", topo_.group_size},
                  {"host", world_.host()},
                  {"local_rank", world_.local_rank()},
                  {"device", dev_.device.str()},
@@ -576,6 +722,10 @@ class BatchRun {
   std::vector<std::int64_t> expert_traversals_;
   BatchMemoryPlan memory_;
   std::vector<std::int64_t> runnable_;  // scheduler position -> index into jobs_
+  Topology topo_;
+  int slot_ = 0, leader_ = 0;        // this rank's group (the scheduler's rank) and its first rank
+  std::vector<int> group_ranks_;     // the group's ranks (empty: no groups)
+  std::unique_ptr<MpiGroup> group_, half_, partners_;  // the group, its CFG half, the CFG partners
   std::unique_ptr<JobScheduler> scheduler_;
   std::int64_t scheduler_pass_ = 0;
   GenerateReport report_;
@@ -594,6 +744,10 @@ class BatchRun {
   // pass's expert (two experts; JobScheduler; oldest first); next_: the one being prepared.
   Slot current_, next_;
   std::vector<Slot> parked_;
+  // A member of a group: every job its group holds (the leader's current, parked and next), and
+  // the one this pass computes (an index into mirror_, -1: none).
+  std::vector<Slot> mirror_;
+  std::int64_t member_job_ = -1;
   Worker text_worker_, decode_worker_;  // destroyed first
 };
 
@@ -618,6 +772,13 @@ RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std:
   std::vector<StackSize> sizes;
   for (const auto& c : model.expert_configs()) sizes.push_back(config_stack_size(c, o.dtype, world.size()));
   p.memory = agree_memory_plan(world, model, jobs, o, dev, join_stacks(sizes));
+  std::string error;
+  try {
+    p.topology = batch_topology(model, jobs, p.memory, world.size(), o, dev.device);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  world.check_all(error, "topology");
   return p;
 }
 

@@ -10,6 +10,12 @@
 // while the next one denoises. So a rank never waits behind another rank's longer job, and jobs
 // may differ in steps, size, frames and guidance.
 //
+// Groups (pipeline/topology.h): with sequence or CFG parallelism the scheduler hands jobs to
+// groups of consecutive ranks instead of ranks. The group's first rank (its leader) holds the
+// job as a rank does in data parallelism, reports for the group, decodes and writes the video;
+// the others prepare the same job, follow the decisions for the leader's slot, compute their
+// share of every step with it (StepGroups) and keep the same latents.
+//
 // Which rank renders a job never changes its video: latents come from a CPU generator seeded with
 // the job's seed alone, and every strategy and rank count computes the same block outputs.
 //
@@ -33,6 +39,7 @@
 #include "dlo/offload/memory_model.h"
 #include "dlo/pipeline/batch_plan.h"
 #include "dlo/pipeline/results.h"
+#include "dlo/pipeline/topology.h"
 #include "dlo/render/stages.h"
 
 namespace dlo {
@@ -68,6 +75,8 @@ struct GenerateOptions {
   // Two experts: keep the ranks on one expert per pass where they can, by parking a job or
   // starting the next one early (JobScheduler). false: every rank always steps its current job.
   bool align_experts = true;
+  // How ranks are grouped into jobs (--sp, --cfg-parallel; pipeline/topology.h). Default auto.
+  TopologyRequest topology;
   FaultHooks faults;
 };
 
@@ -123,6 +132,7 @@ std::string report_json(const GenerateReport& report);
 struct RenderPlan {
   std::string device;  // this rank's, e.g. "cpu"
   BatchMemoryPlan memory;
+  Topology topology;   // over the jobs that fit
 };
 RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
                        const GenerateOptions& options);

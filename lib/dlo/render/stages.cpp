@@ -111,13 +111,16 @@ void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model,
 }
 
 void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook,
-                  const std::vector<BlockEngine*>& pass) {
+                  const std::vector<BlockEngine*>& pass, const StepGroups& groups) {
   const JobSpec& job = run.job.spec;
-  // Before the traversal: a failure here joins the pass as a ghost, so only this job fails.
+  // Before the traversal: a failure here joins the pass as a ghost, so only this job fails; in a
+  // group the failing rank's branches go in empty, so the group's forward fails on every rank.
   std::vector<WanBranchInputs> branches;
   std::int64_t i = 0;
   double guidance = 0;
+  std::string inputs_failed;
   try {
+    DLO_CHECK(run.scheduler, "the job was not prepared on this rank");
     i = run.scheduler->step_index();
     guidance = run.guidance_now();
     if (hook) hook(i + 1, -1);
@@ -135,14 +138,29 @@ void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, c
     branches.push_back({x, t, run.context});
     if (job.guided()) branches.push_back({x, t, run.negative_context});
   } catch (const std::exception& e) {
-    runner.ghost(pass);
-    throw BlockComputeError(str("the step's inputs: ", describe_exception(e)));
+    inputs_failed = str("the step's inputs: ", describe_exception(e));
+    if (groups.group == nullptr) {
+      runner.ghost(pass);
+      throw BlockComputeError(inputs_failed);
+    }
+    branches.assign(job.guided() ? 2 : 1, WanBranchInputs{});
   }
   const std::int64_t step = i + 1;
-  const std::vector<at::Tensor> out =
-      runner.forward(branches, hook ? std::function<void(std::int64_t)>([&](std::int64_t b) { hook(step, b); })
-                                    : std::function<void(std::int64_t)>(),
-                     pass);
+  const auto before_block = hook ? std::function<void(std::int64_t)>([&](std::int64_t b) { hook(step, b); })
+                                 : std::function<void(std::int64_t)>();
+  std::vector<at::Tensor> out;
+  try {
+    if (groups.group == nullptr)
+      out = runner.forward(branches, before_block, pass);
+    else if (job.guided() && groups.partners != nullptr)
+      out = runner.forward_cfg(*groups.partners, groups.half, branches, pass, before_block);
+    else
+      out = runner.forward_group(*groups.group, branches, pass, before_block);
+  } catch (const BlockComputeError&) {
+    if (!inputs_failed.empty()) throw BlockComputeError(inputs_failed);  // this rank's own reason
+    throw;
+  }
+  DLO_ASSERT(inputs_failed.empty(), "the group's forward went on without this rank's inputs");
   // After it: the transfers are done, a failure is the job's own.
   try {
     at::Tensor noise = out[0];

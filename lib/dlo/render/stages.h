@@ -29,6 +29,7 @@
 namespace dlo {
 
 class BlockEngine;
+class MpiGroup;
 class PromptEncoder;
 class WanOffloadRunner;
 class WanVae;
@@ -108,8 +109,20 @@ using BlockHook = std::function<void(std::int64_t step, std::int64_t block)>;
 // transfers: the collective is out of step and every rank must end.
 // `pass`: the engines this pass traverses together (two experts with ranks on both; see
 // BlockEngine::traverse_together), runner's among them; empty: runner's alone.
+//
+// `groups`: the ranks computing the job together (pipeline/topology.h), every one of them calling
+// denoise_step for the same job and step: a guided job with `partners` runs its branches on the
+// two CFG partners (each along the sequence over `half`, when set), any other over `group` along
+// the sequence (runner.h's forward_cfg and forward_group). Every rank of the group ends the step
+// with the same latents; a failure anywhere in the group (the step's inputs included) fails the
+// step on every rank of it, without leaving a partner waiting.
+struct StepGroups {
+  const MpiGroup* group = nullptr;     // all the job's ranks (nullptr: this rank alone)
+  const MpiGroup* half = nullptr;      // CFG: this rank's half of the group (nullptr: one rank)
+  const MpiGroup* partners = nullptr;  // CFG: this rank and its partner in the other half
+};
 void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook = {},
-                  const std::vector<BlockEngine*>& pass = {});
+                  const std::vector<BlockEngine*>& pass = {}, const StepGroups& groups = {});
 
 // Opens the sink of a job's frames (width, height, frames); may throw (the job then fails).
 using SinkFactory = std::function<std::unique_ptr<FrameSink>(const BatchJob& job, std::int64_t width,

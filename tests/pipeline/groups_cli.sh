@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# dlo-generate with groups of ranks per job (--sp, --cfg-parallel; pipeline/topology.h), on a
+# random-weight model (2 heads, 12 tokens per job at 48x32, 5 frames):
+#  1. one guided prompt: the frames sha256 at 1 rank equals 2 ranks as a CFG pair (auto), as SP 2,
+#     4 ranks as CFG 2 x SP 2 (auto, dlo and layerwise), 3 ranks data parallel; results.jsonl
+#     names the ranks and how; an unguided prompt takes SP 2;
+#  2. a batch of 5 mixed jobs on 4 ranks as two groups of 2 (SP 2), and 3 guided jobs on 2 ranks
+#     (auto picks a CFG pair from the cost model): each job's frames as at 1 rank;
+#  3. a job failing in a group fails once (one record, from the group's first rank) and the
+#     batch goes on; exit 3;
+#  4. two experts (Wan2.2 A14B preset) in groups of 2: frames as at 1 rank;
+#  5. refused by name, exit 2, nothing written: more ranks along the sequence than heads, groups
+#     that do not divide the ranks; --dry-run prints the topology and each job's ranks;
+#  6. SIGKILL of one rank of a group mid-batch ends every rank within a bounded time.
+#   groups_cli.sh BIN_DIR
+set -euo pipefail
+# shellcheck source=tests/common/cli.sh
+source "$(dirname "$0")/../common/cli.sh" "$1"
+"$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null
+grep -q '"num_attention_heads": 2' "$T/m/transformer/config.json" || fail "the test model does not have 2 heads"
+ONE=("$BIN/dlo-generate" --model "$T/m" --steps 2 --height 32 --width 48 --frames 5 --threads 1 --seed 7 --quiet)
+field() {  # field REPORT NAME: the first job's value of NAME in a --report file
+  python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['jobs'][0][sys.argv[2]]))" "$1" "$2"
+}
+
+# 1. One prompt, every topology: the same frames.
+single() {  # single NP WANT_PARALLEL ARGS...: renders, checks the frames and the record
+  local np=$1 want=$2; shift 2
+  rm -f "$T/o.mp4" "$T/r.json"
+  mpirun -np "$np" "${ONE[@]}" --out "$T/o.mp4" --report "$T/r.json" "$@" >/dev/null 2>"$T/log" || fail "np $np $*: $(cat "$T/log")"
+  [ "$(field "$T/r.json" frames_sha256)" = "$REF" ] || fail "np $np $*: frames differ from 1 rank"
+  [ "$(field "$T/r.json" parallel)" = "\"$want\"" ] || fail "np $np $*: parallel $(field "$T/r.json" parallel), want $want"
+  echo "ok: $np rank(s) $* ($want): the frames of 1 rank"
+}
+mpirun -np 1 "${ONE[@]}" --prompt "a red fox" --guidance 4 --out "$T/one.mp4" --report "$T/one.json" >/dev/null 2>"$T/log" \
+  || fail "1 rank: $(cat "$T/log")"
+REF=$(field "$T/one.json" frames_sha256)
+single 2 "cfg 2" --prompt "a red fox" --guidance 4
+[ "$(field "$T/r.json" ranks)" = "[0, 1]" ] || fail "a CFG pair's record names ranks $(field "$T/r.json" ranks)"
+grep -q '"group_size": 2' "$T/r.json" || fail "the report has no group of 2"
+single 2 "sp 2" --prompt "a red fox" --guidance 4 --sp 2 --cfg-parallel off --offload dlo
+single 4 "cfg 2 x sp 2" --prompt "a red fox" --guidance 4 --offload dlo
+single 4 "cfg 2 x sp 2" --prompt "a red fox" --guidance 4 --offload layerwise
+single 3 "dp" --prompt "a red fox" --guidance 4
+mpirun -np 1 "${ONE[@]}" --prompt "an owl" --guidance 1 --out "$T/one.mp4" --report "$T/one.json" >/dev/null 2>"$T/log" \
+  || fail "1 rank: $(cat "$T/log")"
+REF=$(field "$T/one.json" frames_sha256)
+single 2 "sp 2" --prompt "an owl" --guidance 1
+
+# 2. Batches in groups.
+cat >"$T/jobs.yaml" <<EOF
+model: m
+defaults: {frames: 5, height: 32, width: 48, steps: 2, seed: 11}
+jobs:
+  - {id: fox, prompt: "a red fox in the snow"}
+  - {id: owl, prompt: "an owl at night", steps: 4, height: 48, width: 32, frames: 9, guidance: 1}
+  - {id: sea, prompt: "waves on a beach", steps: 3, height: 32, width: 32, scheduler: euler}
+  - {id: car, prompt: "a car on a road", seed: 5}
+  - {id: elk, prompt: "an elk", steps: 3, guidance: 6}
+EOF
+GEN=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/jobs.yaml")
+sha_of() {  # sha_of RESULTS ID: the job's last recorded frames sha256
+  grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4
+}
+mpirun -np 1 "${GEN[@]}" --output-dir "$T/ref" 2>"$T/log" || fail "the batch at 1 rank: $(cat "$T/log")"
+same_as_ref() {  # same_as_ref DIR JOBS...
+  local dir=$1; shift
+  for id in "$@"; do
+    [ -n "$(sha_of "$T/ref/results.jsonl" "$id")" ] && [ "$(sha_of "$dir/results.jsonl" "$id")" = "$(sha_of "$T/ref/results.jsonl" "$id")" ] \
+      || fail "$dir: $id's frames differ from 1 rank"
+  done
+}
+mpirun -np 4 "${GEN[@]}" --output-dir "$T/b4" --sp 2 --report "$T/b4.json" 2>"$T/log" || fail "5 jobs in groups of 2: $(cat "$T/log")"
+same_as_ref "$T/b4" fox owl sea car elk
+grep -q '"parallel":"sp 2"' "$T/b4/results.jsonl" || fail "the unguided job did not run SP 2: $(cat "$T/b4/results.jsonl")"
+[ "$(grep -c '"ranks":\[2,3\]' "$T/b4/results.jsonl")" -ge 1 ] || fail "no job ran on the second group"
+[ "$(wc -l <"$T/b4/results.jsonl")" = 5 ] || fail "5 jobs made $(wc -l <"$T/b4/results.jsonl") records"
+echo "ok: 5 jobs on 4 ranks in two groups of 2: every job's frames as at 1 rank"
+head -4 "$T/jobs.yaml" >"$T/three.yaml" && sed -n '6,7p' "$T/jobs.yaml" >>"$T/three.yaml"
+mpirun -np 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/three.yaml" --output-dir "$T/b2" 2>"$T/log" \
+  || fail "3 jobs on 2 ranks: $(cat "$T/log")"
+grep -q "topology: 1 group(s) of 2 ranks (guided jobs cfg 2): 3 job(s) on 2 rank(s)" "$T/log" \
+  || fail "auto did not pick a CFG pair for 3 jobs on 2 ranks: $(grep topology "$T/log")"
+same_as_ref "$T/b2" fox sea car
+echo "ok: 3 jobs on 2 ranks: auto chose a CFG pair (the cost model's reason printed); frames as at 1 rank"
+
+# 3. A job failing in a group fails once; the batch goes on.
+set +e
+mpirun -np 2 "${GEN[@]}" --output-dir "$T/f" --sp 2 --cfg-parallel off --fail-job 1 --fail-step 2 --fail-block 1 2>"$T/log"
+rc=$?
+set -e
+[ "$rc" = 3 ] || fail "a failed job in a group: exit $rc, want 3: $(cat "$T/log")"
+[ "$(grep -c '"id":"owl"' "$T/f/results.jsonl")" = 1 ] && grep '"id":"owl"' "$T/f/results.jsonl" | grep -q '"status":"failed"' \
+  || fail "the failed job's records: $(grep owl "$T/f/results.jsonl")"
+grep '"id":"owl"' "$T/f/results.jsonl" | grep -q 'denoising step 2: .*injected failure' || fail "the failure's message: $(grep owl "$T/f/results.jsonl")"
+same_as_ref "$T/f" fox sea car elk
+echo "ok: a job failing in an SP group fails once, the other 4 as at 1 rank, exit 3"
+
+# 4. Two experts in groups.
+"$BIN/dlo-checkpoint" make "$T/x" --preset wan2.2-a14b-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null
+X=("$BIN/dlo-generate" --model "$T/x" --steps 4 --height 32 --width 48 --frames 5 --threads 1 --seed 3 --quiet --prompt "a boat" --guidance 4)
+mpirun -np 1 "${X[@]}" --out "$T/x1.mp4" --report "$T/x1.json" >/dev/null 2>"$T/log" || fail "two experts, 1 rank: $(cat "$T/log")"
+for t in "--sp 2 --cfg-parallel off" "--cfg-parallel on"; do
+  # shellcheck disable=SC2086
+  mpirun -np 2 "${X[@]}" --out "$T/x2.mp4" --report "$T/x2.json" $t >/dev/null 2>"$T/log" || fail "two experts, $t: $(cat "$T/log")"
+  [ "$(field "$T/x2.json" frames_sha256)" = "$(field "$T/x1.json" frames_sha256)" ] || fail "two experts, $t: frames differ"
+  echo "ok: two experts, 2 ranks $t: the frames of 1 rank"
+done
+
+# 5. Refusals, and the dry run.
+refused() {  # refused NP MESSAGE ARGS...
+  local np=$1 msg=$2; shift 2
+  set +e
+  mpirun -np "$np" "${ONE[@]}" --prompt "a red fox" --guidance 4 --out "$T/no.mp4" "$@" >"$T/stdout" 2>"$T/stderr"
+  local rc=$?
+  set -e
+  [ "$rc" = 2 ] && grep -qF -- "$msg" "$T/stderr" && [ ! -e "$T/no.mp4" ] || fail "np $np $*: exit $rc: $(cat "$T/stderr")"
+  echo "ok: np $np $* refused: $msg"
+}
+refused 4 "--sp 4 --cfg-parallel auto on 4 rank(s): 4 ranks along the sequence exceed the model's 2 attention heads" --sp 4
+refused 2 "--sp 2 --cfg-parallel on on 2 rank(s): groups of 4 rank(s) do not divide 2 rank(s)" --sp 2 --cfg-parallel on
+refused 2 "--cfg-parallel: 'yes' is not on, off or auto" --cfg-parallel yes
+refused 2 "--sp: 'two' is not auto or a rank count (1 or more)" --sp two
+mpirun -np 4 "${GEN[@]}" --output-dir "$T/dry" --dry-run --sp 2 >"$T/stdout" 2>"$T/log" || fail "dry run: $(cat "$T/log")"
+grep -q "job 1 'owl'.*(starts on ranks 2-3, sp 2)" "$T/stdout" && grep -q "^topology: 2 group(s) of 2 ranks" "$T/stdout" \
+  || fail "the dry run's topology: $(cat "$T/stdout")"
+echo "ok: --dry-run prints the topology and the ranks each job starts on"
+
+# 6. SIGKILL of a group's member mid-batch ends every rank.
+{ echo "model: m"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 80}"; echo "jobs:"
+  for i in 0 1 2; do echo "  - {id: j$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$T/long.yaml"
+mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/long.yaml" --output-dir "$T/kill" --sp 2 --cfg-parallel off &
+pid=$!
+for _ in $(seq 600); do [ -f "$T/kill/results.jsonl" ] && grep -q '"status":"ok"' "$T/kill/results.jsonl" && break; sleep 0.1; done
+grep -q '"status":"ok"' "$T/kill/results.jsonl" || fail "the long batch recorded no job"
+victim=$(pgrep -f "^[^ ]*dlo-generate .*$T/kill" | tail -1)
+t0=$(date +%s)
+kill -KILL "$victim"
+set +e
+wait $pid
+set -e
+dt=$(($(date +%s) - t0))
+[ "$dt" -le 30 ] || fail "ranks lived $dt s after one of the group was killed"
+! pgrep -f "^[^ ]*dlo-generate .*$T/kill" >/dev/null || fail "a rank outlived the kill"
+echo "ok: SIGKILL of one rank of an SP group ended every rank in ${dt} s"

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""dlo-generate's topologies on the CPU, 1 thread per rank, in one run (ratios; the machine is shared):
+
+one guided job on 2 ranks
+  alone  --sp 1 --cfg-parallel off: rank 0 computes, rank 1 only joins the weight gathers (what
+         dlo did for a lone prompt before groups); also 1 rank, the reference frames;
+  sp     --sp 2 --cfg-parallel off: the two ranks split the tokens (Ulysses);
+  cfg    --cfg-parallel on: the conditional branch on rank 0, the unconditional on rank 1;
+a batch of 3 guided jobs on 2 ranks
+  dp     --sp 1 --cfg-parallel off: every rank its own job (the third alone on one rank);
+  auto   the default: the cost model's pick (printed with its predicted times).
+Reports per run: the mpirun wall time, the job's denoising seconds (results.jsonl, rank 0's
+record) and its step times; the ratios sp / alone and cfg / alone (denoising, and the whole job),
+auto / dp (the batch's wall time) beside the cost model's predictions; and whether every run's
+frames sha256 equals 1 rank's. The model: Wan2.1 1.3B's block shape (dim 1536, 12 heads) cut to
+--layers blocks, a small random text encoder and VAE (dlo-checkpoint make's test presets).
+
+  bench_topology.py --bin build/bin [--layers 4] [--size 240x416] [--frames 9] [--steps 4] [--json OUT]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
+           OMP_NUM_THREADS="1")
+
+
+def generate(bin_dir, tmp, name, ranks, job_args, extra):
+    rep = f"{tmp}/{name}.json"
+    t0 = time.monotonic()
+    p = subprocess.run(["mpirun", "-np", str(ranks), os.path.join(bin_dir, "dlo-generate"), "--model", f"{tmp}/m",
+                        "--device", "cpu", "--offload", "dlo", "--threads", "1", "--report", rep] + job_args + extra,
+                       env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.monotonic() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{name}: exit {p.returncode}: {p.stderr[-2000:]}")
+    r = json.load(open(rep))
+    m = re.search(r"topology: (.*?)(?:\n|$)", r["choice"])
+    pred = re.search(r"predicted ([0-9.]+) single-rank step times vs ([0-9.]+) data parallel", r["choice"])
+    jobs = sorted(r["jobs"], key=lambda j: j["index"])
+    return {"wall_s": round(wall, 2),
+            "denoise_s": [round(j["timings"]["denoise_s"], 3) for j in jobs],
+            "step_s_median": [round(sorted(j["timings"]["step_s"])[len(j["timings"]["step_s"]) // 2], 3) for j in jobs],
+            "job_s": [round(j["timings"]["text_s"] + j["timings"]["denoise_s"] + j["timings"]["decode_s"], 3) for j in jobs],
+            "parallel": [j["parallel"] for j in jobs],
+            "frames_sha256": [j["frames_sha256"] for j in jobs],
+            "topology": m.group(1) if m else "",
+            "predicted": float(pred.group(1)) if pred else None,
+            "predicted_dp": float(pred.group(2)) if pred else None}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--size", default="240x416", help="HEIGHTxWIDTH")
+    ap.add_argument("--frames", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    h, w = args.size.split("x")
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", f"{tmp}/m", "--preset", "wan2.1-t2v-1.3b",
+                        "--layers", str(args.layers), "--te-layers", "2", "--dtype", "bf16"],
+                       check=True, stdout=subprocess.DEVNULL)
+        job = ["--height", h, "--width", w, "--frames", str(args.frames), "--steps", str(args.steps), "--guidance", "5",
+               "--seed", "3"]
+        one = job + ["--prompt", "a red fox in the snow"]
+        runs = {}
+        runs["one_rank"] = generate(args.bin, tmp, "one_rank", 1, one + ["--out", f"{tmp}/a.mp4"], [])
+        runs["alone"] = generate(args.bin, tmp, "alone", 2, one + ["--out", f"{tmp}/b.mp4"], ["--sp", "1", "--cfg-parallel", "off"])
+        runs["sp"] = generate(args.bin, tmp, "sp", 2, one + ["--out", f"{tmp}/c.mp4"], ["--sp", "2", "--cfg-parallel", "off"])
+        runs["cfg"] = generate(args.bin, tmp, "cfg", 2, one + ["--out", f"{tmp}/d.mp4"], ["--cfg-parallel", "on"])
+        with open(f"{tmp}/three.txt", "w") as f:
+            f.write("a red fox in the snow\nan owl at night\nwaves on a beach\n")
+        batch = job + ["--jobs", f"{tmp}/three.txt"]
+        runs["batch_dp"] = generate(args.bin, tmp, "batch_dp", 2, batch + ["--output-dir", f"{tmp}/dp"],
+                                    ["--sp", "1", "--cfg-parallel", "off"])
+        runs["batch_auto"] = generate(args.bin, tmp, "batch_auto", 2, batch + ["--output-dir", f"{tmp}/auto"], [])
+        runs["batch_one_rank"] = generate(args.bin, tmp, "batch_one_rank", 1, batch + ["--output-dir", f"{tmp}/one"], [])
+    a = runs["alone"]
+    out = {
+        "model": f"Wan2.1 1.3B blocks x {args.layers}, {args.size}, {args.frames} frames, {args.steps} steps, guidance 5",
+        "runs": runs,
+        "denoise_ratio_sp_over_alone": round(runs["sp"]["denoise_s"][0] / a["denoise_s"][0], 3),
+        "denoise_ratio_cfg_over_alone": round(runs["cfg"]["denoise_s"][0] / a["denoise_s"][0], 3),
+        "job_ratio_sp_over_alone": round(runs["sp"]["job_s"][0] / a["job_s"][0], 3),
+        "job_ratio_cfg_over_alone": round(runs["cfg"]["job_s"][0] / a["job_s"][0], 3),
+        "predicted_ratio_sp": round(1 / 1.38, 3),
+        "predicted_ratio_cfg": round(1 / 1.84, 3),
+        "batch_wall_ratio_auto_over_dp": round(runs["batch_auto"]["wall_s"] / runs["batch_dp"]["wall_s"], 3),
+        "batch_predicted_ratio_auto_over_dp": (round(runs["batch_auto"]["predicted"] / runs["batch_auto"]["predicted_dp"], 3)
+                                               if runs["batch_auto"]["predicted"] else None),
+        "frames_identical_single": len({r["frames_sha256"][0] for k, r in runs.items() if not k.startswith("batch")}) == 1,
+        "frames_identical_batch": runs["batch_dp"]["frames_sha256"] == runs["batch_auto"]["frames_sha256"]
+                                  == runs["batch_one_rank"]["frames_sha256"],
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json:
+        open(args.json, "w").write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
