@@ -5,7 +5,8 @@
 #     4 ranks as CFG 2 x SP 2 (auto, dlo and layerwise), 3 ranks data parallel; results.jsonl
 #     names the ranks and how; an unguided prompt takes SP 2;
 #  2. a batch of 5 mixed jobs on 4 ranks as two groups of 2 (SP 2), and 3 guided jobs on 2 ranks
-#     (auto picks a CFG pair from the cost model): each job's frames as at 1 rank;
+#     (auto picks a CFG pair from the cost model): each job's frames as at 1 rank; the pair's
+#     ranks take turns decoding;
 #  3. a job failing in a group fails once (one record, from the group's first rank) and the
 #     batch goes on; exit 3;
 #  4. two experts (Wan2.2 A14B preset) in groups of 2: frames as at 1 rank;
@@ -82,7 +83,9 @@ mpirun -np 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/three.yaml" --output-dir
 grep -q "topology: 1 group(s) of 2 ranks (guided jobs cfg 2): 3 job(s) on 2 rank(s)" "$T/log" \
   || fail "auto did not pick a CFG pair for 3 jobs on 2 ranks: $(grep topology "$T/log")"
 same_as_ref "$T/b2" fox sea car
-echo "ok: 3 jobs on 2 ranks: auto chose a CFG pair (the cost model's reason printed); frames as at 1 rank"
+[ "$(grep -c '"rank":0,"ranks":\[0,1\]' "$T/b2/results.jsonl")" = 2 ] && [ "$(grep -c '"rank":1,"ranks":\[0,1\]' "$T/b2/results.jsonl")" = 1 ] \
+  || fail "the pair's ranks did not take turns decoding (by job position): $(cat "$T/b2/results.jsonl")"
+echo "ok: 3 jobs on 2 ranks: auto chose a CFG pair (the cost model's reason printed); frames as at 1 rank; decodes in turn"
 
 # 3. A job failing in a group fails once; the batch goes on.
 set +e

@@ -300,6 +300,12 @@ class BatchRun {
     for (int r = leader_; r < leader_ + P; ++r) group_ranks_.push_back(r);
   }
   bool leader() const { return me_ == leader_; }
+  // The rank of the group that decodes and records the job at `position` (every rank of the group
+  // holds its final latents): the group's ranks in turn, so that the decodes, which run beside the
+  // group's next job, do not all queue on one rank.
+  int decoder_of(std::int64_t position) const {
+    return group_ranks_.empty() ? me_ : group_ranks_[static_cast<std::size_t>(position % topo_.group_size)];
+  }
   // Whether an assignment is this rank's group's.
   bool ours(const JobAssignment& a) const {
     return std::find(a.ranks.begin(), a.ranks.end(), slot_) != a.ranks.end();
@@ -365,7 +371,6 @@ class BatchRun {
 
   // A finished or failed job's result, on its way to rank 0.
   void record(JobResult r) {
-    if (!leader()) return;  // the leader records its group's jobs
     if (!group_ranks_.empty()) {
       r.ranks = group_ranks_;
       r.parallel = topo_.label(job_at_index(r.index).spec.guided());
@@ -394,10 +399,12 @@ class BatchRun {
   }
 
   RankReport boundary_report() {
-    if (!leader()) {  // a member: only a stop; the leader reports for the group
+    if (!leader()) {  // a member: its decodes' results and a stop; the leader reports the rest
+      for (auto& r : finished_.take()) record(std::move(r));
       if (o_.faults.await_prepared) text_worker_.drain();
       RankReport r;
       r.stop = cb_.stop_requested && cb_.stop_requested();
+      r.pending_results = static_cast<std::int64_t>(pending_.size());
       return r;
     }
     for (auto& r : finished_.take()) record(std::move(r));
@@ -497,12 +504,16 @@ class BatchRun {
     std::vector<RankReport> reports;
     for (int r = 0; r < ranks_; ++r) reports.push_back(RankReport::decode(&all[static_cast<std::size_t>(r) * RankReport::kWords]));
     if (topo_.group_size == 1) return reports;
-    // The scheduler's ranks are the groups: each leader's report, with a stop from any member.
+    // The scheduler's ranks are the groups: each leader's report, with a stop and results from any
+    // member.
     const int P = topo_.group_size;
     std::vector<RankReport> groups;
     for (int g = 0; g < topo_.groups(ranks_); ++g) {
       RankReport r = reports[static_cast<std::size_t>(g * P)];
-      for (int m = 1; m < P; ++m) r.stop = r.stop || reports[static_cast<std::size_t>(g * P + m)].stop;
+      for (int m = 1; m < P; ++m) {
+        r.stop = r.stop || reports[static_cast<std::size_t>(g * P + m)].stop;
+        r.pending_results += reports[static_cast<std::size_t>(g * P + m)].pending_results;
+      }
       groups.push_back(r);
     }
     // A member drops the jobs its leader no longer holds (finished, or failed there alone).
@@ -583,7 +594,7 @@ class BatchRun {
     } catch (const BlockComputeError& e) {
       // The job's own computation failed; the engine is in step (the pass went on as a ghost).
       run.fail(str("denoising step ", run.steps_done + 1, ": ", e.what()));
-      record(run.result);
+      if (leader()) record(run.result);  // the group failed together: its leader records it
       drop(slot);
       return;
     }
@@ -595,7 +606,7 @@ class BatchRun {
     step_est_s_ = step_est_s_ == 0 ? s : 0.8 * step_est_s_ + 0.2 * s;
     if (cb_.on_step && leader()) cb_.on_step({run.job.spec.id, run.job.index, run.steps_done, run.job.spec.steps, s});
     if (run.steps_left() == 0) {
-      if (leader()) finish_later(slot);  // a member's copy is done: the leader decodes
+      if (decoder_of(slot.position) == me_) finish_later(slot);  // the others' copies are done
       drop(slot);
     }
   }

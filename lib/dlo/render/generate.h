@@ -12,9 +12,10 @@
 //
 // Groups (pipeline/topology.h): with sequence or CFG parallelism the scheduler hands jobs to
 // groups of consecutive ranks instead of ranks. The group's first rank (its leader) holds the
-// job as a rank does in data parallelism, reports for the group, decodes and writes the video;
-// the others prepare the same job, follow the decisions for the leader's slot, compute their
-// share of every step with it (StepGroups) and keep the same latents.
+// job as a rank does in data parallelism and reports for the group; the others prepare the same
+// job, follow the decisions for the leader's slot, compute their share of every step with it
+// (StepGroups) and keep the same latents. The group's ranks take turns decoding and writing its
+// finished jobs (by job position), so decodes spread over the group as they do over ranks.
 //
 // Which rank renders a job never changes its video: latents come from a CPU generator seeded with
 // the job's seed alone, and every strategy and rank count computes the same block outputs.
