@@ -73,6 +73,9 @@ MUTANTS=$(cat <<'EOF'
 36|lib/dlo/pipeline/manifest.cpp|a batch ignores the model folder's dlo_defaults.json (the demo model rendered at 480x832)|"&flags, &defaults,\n                                   static_cast<const Fields*>(&model_defaults)})"|"&flags, &defaults})"
 37|lib/dlo/pipeline/job_scheduler.cpp|expert alignment off: every rank steps its current job whatever the other ranks' experts|"    if (pick >= 0)\n      chosen ="|"    if (false)\n      chosen ="
 38|lib/dlo/render/generate.cpp|a job started early replaces the current one instead of parking it (the current job lost)|"      parked_.push_back(std::move(current_));\n      current_ = std::move(next_);"|"      current_ = std::move(next_);"
+39|lib/dlo/render/generate.cpp|a group's decodes all on its first rank (the turns lost)|"group_ranks_[static_cast<std::size_t>(position % topo_.group_size)]"|"group_ranks_.front()"
+40|lib/dlo/render/generate.cpp|a group's members do not prepare the jobs handed to the group|"        if (ours(a)) assign(a.job);"|"        if (ours(a) && leader()) assign(a.job);"
+41|lib/dlo/pipeline/topology.cpp|the SP degree not checked against the attention heads|"    if (sp > l.heads) return str("|"    if (false) return str("
 EOF
 )
 

@@ -5,8 +5,8 @@
 #     4 ranks as CFG 2 x SP 2 (auto, dlo and layerwise), 3 ranks data parallel; results.jsonl
 #     names the ranks and how; an unguided prompt takes SP 2;
 #  2. a batch of 5 mixed jobs on 4 ranks as two groups of 2 (SP 2), and 3 guided jobs on 2 ranks
-#     (auto picks a CFG pair from the cost model): each job's frames as at 1 rank; the pair's
-#     ranks take turns decoding;
+#     as a CFG pair: each job's frames as at 1 rank; the pair's ranks take turns decoding; auto
+#     pairs ranks when there are fewer jobs than ranks, not otherwise;
 #  3. a job failing in a group fails once (one record, from the group's first rank) and the
 #     batch goes on; exit 3;
 #  4. two experts (Wan2.2 A14B preset) in groups of 2: frames as at 1 rank;
@@ -78,14 +78,24 @@ grep -q '"parallel":"sp 2"' "$T/b4/results.jsonl" || fail "the unguided job did 
 [ "$(wc -l <"$T/b4/results.jsonl")" = 5 ] || fail "5 jobs made $(wc -l <"$T/b4/results.jsonl") records"
 echo "ok: 5 jobs on 4 ranks in two groups of 2: every job's frames as at 1 rank"
 head -4 "$T/jobs.yaml" >"$T/three.yaml" && sed -n '6,7p' "$T/jobs.yaml" >>"$T/three.yaml"
-mpirun -np 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/three.yaml" --output-dir "$T/b2" 2>"$T/log" \
+mpirun -np 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/three.yaml" --output-dir "$T/b2" --cfg-parallel on 2>"$T/log" \
   || fail "3 jobs on 2 ranks: $(cat "$T/log")"
-grep -q "topology: 1 group(s) of 2 ranks (guided jobs cfg 2): 3 job(s) on 2 rank(s)" "$T/log" \
-  || fail "auto did not pick a CFG pair for 3 jobs on 2 ranks: $(grep topology "$T/log")"
+grep -q "topology: 1 group(s) of 2 ranks (guided jobs cfg 2): 3 job(s) on 2 rank(s), predicted 3.80 single-rank step times vs 4.00 data parallel (--sp auto --cfg-parallel on)" "$T/log" \
+  || fail "not a CFG pair for 3 jobs on 2 ranks: $(grep topology "$T/log")"
 same_as_ref "$T/b2" fox sea car
 [ "$(grep -c '"rank":0,"ranks":\[0,1\]' "$T/b2/results.jsonl")" = 2 ] && [ "$(grep -c '"rank":1,"ranks":\[0,1\]' "$T/b2/results.jsonl")" = 1 ] \
   || fail "the pair's ranks did not take turns decoding (by job position): $(cat "$T/b2/results.jsonl")"
-echo "ok: 3 jobs on 2 ranks: auto chose a CFG pair (the cost model's reason printed); frames as at 1 rank; decodes in turn"
+echo "ok: 3 jobs on 2 ranks as a CFG pair (the cost model's figures printed): frames as at 1 rank; decodes in turn"
+# auto: fewer jobs than ranks, the first one long: two CFG pairs; as many jobs as ranks: one each.
+sed 's/steps: 2, seed: 11/steps: 6, seed: 11/' "$T/three.yaml" >"$T/three6.yaml"
+mpirun -np 4 "$BIN/dlo-generate" --threads 1 --jobs "$T/three6.yaml" --output-dir "$T/b4a" --dry-run >"$T/stdout" 2>"$T/log" \
+  || fail "dry run: $(cat "$T/log")"
+grep -q "^topology: 2 group(s) of 2 ranks (guided jobs cfg 2): 3 job(s) on 4 rank(s)" "$T/stdout" \
+  || fail "auto for 3 jobs on 4 ranks: $(grep topology "$T/stdout")"
+mpirun -np 3 "$BIN/dlo-generate" --threads 1 --jobs "$T/three6.yaml" --output-dir "$T/b3a" --dry-run >"$T/stdout" 2>"$T/log" \
+  || fail "dry run: $(cat "$T/log")"
+grep -q "^topology: every rank its own job: 3 job(s) on 3 rank(s)" "$T/stdout" || fail "auto for 3 jobs on 3 ranks: $(grep topology "$T/stdout")"
+echo "ok: auto: 3 jobs on 4 ranks as two CFG pairs, on 3 ranks one each"
 
 # 3. A job failing in a group fails once; the batch goes on.
 set +e

@@ -94,6 +94,13 @@ Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l
     dp.reason = str("every rank its own job (", l.unsupported_why, ")");
     return dp;
   }
+  const bool full = static_cast<int>(l.steps.size()) >= l.ranks;
+  if (!explicit_sp && request.cfg == TopologyRequest::Cfg::kAuto && full) {
+    // A job per rank keeps every rank busy without any exchange.
+    dp.reason = str("every rank its own job: ", l.steps.size(), " job(s) on ", l.ranks,
+                    " rank(s) (auto groups ranks only when there are fewer jobs than ranks)");
+    return dp;
+  }
   std::vector<Topology> candidates;
   std::string refused;
   for (int sp = 1; sp <= l.ranks; ++sp) {

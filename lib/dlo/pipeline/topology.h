@@ -9,13 +9,15 @@
 // P/2); an unguided job runs on all P along the sequence. Weights stay sharded over the whole
 // world, so the topology moves no weights and never changes the frames.
 //
-// `auto` picks from a small cost model: each job costs its steps, divided by the group's speedup
-// (kSpEfficiency per doubling of the SP degree and kCfgEfficiency for a CFG pair, measured on
-// the CPU by tools/bench_sequence_parallel.py), and the jobs are listed in order onto the groups
-// that free up first; the topology with the shortest predicted batch wins, ties going to smaller
-// groups. So a single prompt takes every rank, and a batch with at least as many jobs as ranks
-// stays data parallel. Groups are not re-formed at job boundaries yet (the tail of a long batch
-// keeps its topology).
+// `auto`: a batch with at least as many jobs as ranks is data parallel (every rank busy, no
+// exchange). With fewer jobs, a small cost model picks: each job costs its steps divided by the
+// group's speedup (kSpEfficiency per doubling of the SP degree and kCfgEfficiency for a CFG pair,
+// measured on the CPU by tools/bench_sequence_parallel.py), the jobs are listed in order onto the
+// groups that free up first, and the shortest predicted batch wins, ties going to smaller groups.
+// So a single prompt takes every rank. An explicit --sp or --cfg-parallel uses the cost model
+// among the topologies it allows, whatever the batch. Groups are not re-formed at job boundaries
+// yet (the tail of a long batch keeps its topology), and the model counts denoising only (the
+// text encoder and the VAE decode, on the CPU beside the next job's steps, are not in it).
 //
 // Pure: no MPI, no torch (tests/pipeline/test_topology.cpp).
 #pragma once
