@@ -35,7 +35,7 @@ done
 
 # The mutants: id | file | what | old text | new text (Python string literals, evaluated).
 MUTANTS=$(cat <<'EOF'
-1|lib/dlo/offload/runner.cpp|guidance streams the weights once per branch (twice per step)|"    for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);\n  }, pass);"|"    states[0].h = wan_block_forward(bw, states[0], states[0].h, c);\n  }, pass);\n  for (std::size_t k = 1; k < states.size(); ++k) traverse([&](std::int64_t, const std::vector<at::Tensor>& w) { states[k].h = wan_block_forward(WanBlockWeights::bind(w, c), states[k], states[k].h, c); }, pass);"
+1|lib/dlo/offload/runner.cpp|guidance streams the weights once per branch (twice per step)|"    for (auto& s : states) {\n      s.h = wan_block_forward(bw, s, s.h, c);\n      token_rows_ += s.h.size(1);\n    }\n  }, pass);"|"    states[0].h = wan_block_forward(bw, states[0], states[0].h, c);\n  }, pass);\n  for (std::size_t k = 1; k < states.size(); ++k) traverse([&](std::int64_t, const std::vector<at::Tensor>& w) { states[k].h = wan_block_forward(WanBlockWeights::bind(w, c), states[k], states[k].h, c); }, pass);"
 2|lib/dlo/offload/stack_plan.cpp|shard size: block bytes / N rounded down before the 256-byte round-up|"return round_up((block(i).bytes + n - 1) / n, kShardAlign);"|"return round_up(block(i).bytes / n, kShardAlign);"
 3|lib/dlo/offload/engine.cpp|dlo: each rank's own shard placed at offset 0 instead of rank * shard|"p.slot_offset = sharded ? shard * static_cast<std::uint64_t>(rank) : 0;"|"p.slot_offset = 0;"
 4|lib/dlo/offload/engine.cpp|layerwise: host copy of a block rounded down to 256 bytes|"total += sharded ? shard : align_up(bytes, kShardAlign);"|"total += sharded ? shard : bytes / kShardAlign * kShardAlign;"
@@ -76,6 +76,7 @@ MUTANTS=$(cat <<'EOF'
 39|lib/dlo/render/generate.cpp|a group's decodes all on its first rank (the turns lost)|"group_ranks_[static_cast<std::size_t>(position % topo_.group_size)]"|"group_ranks_.front()"
 40|lib/dlo/render/generate.cpp|a group's members do not prepare the jobs handed to the group|"        if (ours(a)) assign(a.job);"|"        if (ours(a) && leader()) assign(a.job);"
 41|lib/dlo/pipeline/topology.cpp|the SP degree not checked against the attention heads|"    if (sp > l.heads) return str("|"    if (false) return str("
+42|lib/dlo/render/stages.cpp|a CFG group computes both branches on every rank along the sequence (no CFG split; the frames stay right)|"    else if (job.guided() && groups.partners != nullptr)"|"    else if (false)"
 EOF
 )
 

@@ -268,6 +268,10 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     world.check_all(error);
   }
   const dlo::BatchPlan plan = dlo::plan_from_json(world.broadcast_string(plan_text, 0, "sharing the plan"));
+  // The manifest's topology keys (checked on rank 0) where the flags do not say.
+  if (!args.count("sp") && !plan.sp.empty()) go.topology.sp = dlo::parse_sp(plan.sp, "sp");
+  if (!args.count("cfg-parallel") && !plan.cfg_parallel.empty())
+    go.topology.cfg = dlo::parse_cfg_parallel(plan.cfg_parallel, "cfg_parallel");
   // Every rank reads the model folder itself (a rank that cannot see it says so, on every rank) and
   // proves it holds what rank 0 planned with: no rank renders from other weights.
   dlo::ModelInfo model;

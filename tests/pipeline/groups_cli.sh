@@ -3,10 +3,12 @@
 # random-weight model (2 heads, 12 tokens per job at 48x32, 5 frames):
 #  1. one guided prompt: the frames sha256 at 1 rank equals 2 ranks as a CFG pair (auto), as SP 2,
 #     4 ranks as CFG 2 x SP 2 (auto, dlo and layerwise), 3 ranks data parallel; results.jsonl
-#     names the ranks and how; an unguided prompt takes SP 2;
+#     names the ranks and how; each rank's report counts the token rows it computed (its share
+#     of the work); an unguided prompt takes SP 2;
 #  2. a batch of 5 mixed jobs on 4 ranks as two groups of 2 (SP 2), and 3 guided jobs on 2 ranks
-#     as a CFG pair: each job's frames as at 1 rank; the pair's ranks take turns decoding; auto
-#     pairs ranks when there are fewer jobs than ranks, not otherwise;
+#     as a CFG pair (the manifest's cfg_parallel key; the flag wins over it): each job's frames as
+#     at 1 rank; the pair's ranks take turns decoding; auto pairs ranks when there are fewer jobs
+#     than ranks, not otherwise;
 #  3. a job failing in a group fails once (one record, from the group's first rank) and the
 #     batch goes on; exit 3;
 #  4. two experts (Wan2.2 A14B preset) in groups of 2: frames as at 1 rank;
@@ -25,28 +27,36 @@ field() {  # field REPORT NAME: the first job's value of NAME in a --report file
 }
 
 # 1. One prompt, every topology: the same frames.
-single() {  # single NP WANT_PARALLEL ARGS...: renders, checks the frames and the record
-  local np=$1 want=$2; shift 2
+rows() {  # rows REPORT: each rank's token_block_rows, in rank order
+  python3 -c "import json,sys; print(' '.join(str(r['token_block_rows']) for r in json.load(open(sys.argv[1]))['ranks']))" "$1"
+}
+# The work each rank computed: a guided job at 1 rank is 2 branches x 12 tokens x 3 blocks x 2
+# steps = 144 token rows; a CFG pair's ranks one branch each (72), SP 2's ranks half the tokens of
+# both (72), CFG 2 x SP 2's a quarter (36); a rank without a job none.
+single() {  # single NP WANT_PARALLEL 'WANT_ROWS' ARGS...: renders, checks the frames, the record, the work split
+  local np=$1 want=$2 want_rows=$3; shift 3
   rm -f "$T/o.mp4" "$T/r.json"
   mpirun -np "$np" "${ONE[@]}" --out "$T/o.mp4" --report "$T/r.json" "$@" >/dev/null 2>"$T/log" || fail "np $np $*: $(cat "$T/log")"
   [ "$(field "$T/r.json" frames_sha256)" = "$REF" ] || fail "np $np $*: frames differ from 1 rank"
   [ "$(field "$T/r.json" parallel)" = "\"$want\"" ] || fail "np $np $*: parallel $(field "$T/r.json" parallel), want $want"
-  echo "ok: $np rank(s) $* ($want): the frames of 1 rank"
+  [ "$(rows "$T/r.json")" = "$want_rows" ] || fail "np $np $*: token rows per rank $(rows "$T/r.json"), want $want_rows"
+  echo "ok: $np rank(s) $* ($want): the frames of 1 rank; token rows per rank $want_rows"
 }
 mpirun -np 1 "${ONE[@]}" --prompt "a red fox" --guidance 4 --out "$T/one.mp4" --report "$T/one.json" >/dev/null 2>"$T/log" \
   || fail "1 rank: $(cat "$T/log")"
 REF=$(field "$T/one.json" frames_sha256)
-single 2 "cfg 2" --prompt "a red fox" --guidance 4
+[ "$(rows "$T/one.json")" = 144 ] || fail "1 rank computed $(rows "$T/one.json") token rows, want 144"
+single 2 "cfg 2" "72 72" --prompt "a red fox" --guidance 4
 [ "$(field "$T/r.json" ranks)" = "[0, 1]" ] || fail "a CFG pair's record names ranks $(field "$T/r.json" ranks)"
 grep -q '"group_size": 2' "$T/r.json" || fail "the report has no group of 2"
-single 2 "sp 2" --prompt "a red fox" --guidance 4 --sp 2 --cfg-parallel off --offload dlo
-single 4 "cfg 2 x sp 2" --prompt "a red fox" --guidance 4 --offload dlo
-single 4 "cfg 2 x sp 2" --prompt "a red fox" --guidance 4 --offload layerwise
-single 3 "dp" --prompt "a red fox" --guidance 4
+single 2 "sp 2" "72 72" --prompt "a red fox" --guidance 4 --sp 2 --cfg-parallel off --offload dlo
+single 4 "cfg 2 x sp 2" "36 36 36 36" --prompt "a red fox" --guidance 4 --offload dlo
+single 4 "cfg 2 x sp 2" "36 36 36 36" --prompt "a red fox" --guidance 4 --offload layerwise
+single 3 "dp" "144 0 0" --prompt "a red fox" --guidance 4
 mpirun -np 1 "${ONE[@]}" --prompt "an owl" --guidance 1 --out "$T/one.mp4" --report "$T/one.json" >/dev/null 2>"$T/log" \
   || fail "1 rank: $(cat "$T/log")"
 REF=$(field "$T/one.json" frames_sha256)
-single 2 "sp 2" --prompt "an owl" --guidance 1
+single 2 "sp 2" "36 36" --prompt "an owl" --guidance 1
 
 # 2. Batches in groups.
 cat >"$T/jobs.yaml" <<EOF
@@ -77,17 +87,21 @@ grep -q '"parallel":"sp 2"' "$T/b4/results.jsonl" || fail "the unguided job did 
 [ "$(grep -c '"ranks":\[2,3\]' "$T/b4/results.jsonl")" -ge 1 ] || fail "no job ran on the second group"
 [ "$(wc -l <"$T/b4/results.jsonl")" = 5 ] || fail "5 jobs made $(wc -l <"$T/b4/results.jsonl") records"
 echo "ok: 5 jobs on 4 ranks in two groups of 2: every job's frames as at 1 rank"
-head -4 "$T/jobs.yaml" >"$T/three.yaml" && sed -n '6,7p' "$T/jobs.yaml" >>"$T/three.yaml"
-mpirun -np 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/three.yaml" --output-dir "$T/b2" --cfg-parallel on 2>"$T/log" \
+# The manifest asks for CFG pairs (its top-level cfg_parallel key).
+{ echo "cfg_parallel: on"; head -4 "$T/jobs.yaml"; sed -n '6,7p' "$T/jobs.yaml"; } >"$T/three.yaml"
+mpirun -np 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/three.yaml" --output-dir "$T/b2" 2>"$T/log" \
   || fail "3 jobs on 2 ranks: $(cat "$T/log")"
 grep -q "topology: 1 group(s) of 2 ranks (guided jobs cfg 2): 3 job(s) on 2 rank(s), predicted 3.80 single-rank step times vs 4.00 data parallel (--sp auto --cfg-parallel on)" "$T/log" \
   || fail "not a CFG pair for 3 jobs on 2 ranks: $(grep topology "$T/log")"
 same_as_ref "$T/b2" fox sea car
 [ "$(grep -c '"rank":0,"ranks":\[0,1\]' "$T/b2/results.jsonl")" = 2 ] && [ "$(grep -c '"rank":1,"ranks":\[0,1\]' "$T/b2/results.jsonl")" = 1 ] \
   || fail "the pair's ranks did not take turns decoding (by job position): $(cat "$T/b2/results.jsonl")"
-echo "ok: 3 jobs on 2 ranks as a CFG pair (the cost model's figures printed): frames as at 1 rank; decodes in turn"
+echo "ok: 3 jobs on 2 ranks as a CFG pair (the manifest's cfg_parallel: on; the cost model's figures printed): frames as at 1 rank; decodes in turn"
+mpirun -np 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/three.yaml" --output-dir "$T/b2f" --cfg-parallel off --dry-run >"$T/stdout" 2>"$T/log" \
+  || fail "dry run: $(cat "$T/log")"
+grep -q "^topology: every rank its own job: .*(--sp auto --cfg-parallel off)" "$T/stdout" || fail "--cfg-parallel off did not win over the manifest: $(grep topology "$T/stdout")"
 # auto: fewer jobs than ranks, the first one long: two CFG pairs; as many jobs as ranks: one each.
-sed 's/steps: 2, seed: 11/steps: 6, seed: 11/' "$T/three.yaml" >"$T/three6.yaml"
+sed '/^cfg_parallel/d; s/steps: 2, seed: 11/steps: 6, seed: 11/' "$T/three.yaml" >"$T/three6.yaml"
 mpirun -np 4 "$BIN/dlo-generate" --threads 1 --jobs "$T/three6.yaml" --output-dir "$T/b4a" --dry-run >"$T/stdout" 2>"$T/log" \
   || fail "dry run: $(cat "$T/log")"
 grep -q "^topology: 2 group(s) of 2 ranks (guided jobs cfg 2): 3 job(s) on 4 rank(s)" "$T/stdout" \

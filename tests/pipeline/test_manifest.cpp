@@ -665,3 +665,20 @@ TEST_CASE("a model folder's recommended settings sit below the manifest: job > c
   CHECK(checked[0].field == "defaults.height");
   CHECK(checked[0].message.find("multiple of 16") != std::string::npos);
 }
+
+TEST_CASE("the batch's topology keys: sp and cfg_parallel, checked with their line") {
+  TempDir d;
+  Loaded r = load(d, "m.yaml", "model: m\nsp: 2\ncfg_parallel: on\njobs: [a]\n");
+  CHECK(r.problems.empty());
+  CHECK(r.manifest.sp == "2");
+  CHECK(r.manifest.cfg_parallel == "on");
+  r = load(d, "m.yaml", "model: m\njobs: [a]\n");
+  CHECK(r.manifest.sp.empty());
+  CHECK(r.manifest.cfg_parallel.empty());
+  CHECK(one_problem(d, "model: m\nsp: two\njobs: [a]\n") == "m.yaml:2:5: sp: 'two' is not auto or a rank count (1 or more)");
+  CHECK(one_problem(d, "model: m\ncfg_parallel: yes\njobs: [a]\n") == "m.yaml:2:15: cfg_parallel: 'yes' is not on, off or auto");
+  CHECK(one_problem(d, "model: m\nsp: [2]\njobs: [a]\n") == "m.yaml:2:5: sp: must be auto or a rank count, got a list");
+  // A job field, not a top-level key: refused in a job.
+  CHECK(one_problem(d, kHead + std::string("  - {prompt: a, sp: 2}\n")) ==
+        "m.yaml:3:17: job 0 (id 'job-0000'): unknown key 'sp' (sp is a top-level key: one per manifest)");
+}

@@ -131,7 +131,10 @@ std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInp
   traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
     if (before_block) before_block(i);
     const WanBlockWeights bw = WanBlockWeights::bind(w, c);
-    for (auto& s : states) s.h = wan_block_forward(bw, s, s.h, c);
+    for (auto& s : states) {
+      s.h = wan_block_forward(bw, s, s.h, c);
+      token_rows_ += s.h.size(1);
+    }
   }, pass);
   try {
     std::vector<at::Tensor> out;
@@ -241,6 +244,7 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
           const WanSelfAttnInputs in = wan_block_self_attn_inputs(bw, s, mod, s.h, c);
           const at::Tensor q = to_heads(in.q), k = to_heads(in.k), v = to_heads(in.v);
           s.h = wan_block_finish(bw, s, mod, s.h, to_tokens(wan_self_attention({q, k, v})), c);
+          token_rows_ += s.h.size(1);
         }
         return;
       } catch (const Error& e) {

@@ -92,7 +92,13 @@ class WanOffloadRunner : public OffloadStack {
                                       const std::vector<BlockEngine*>& pass = {},
                                       const std::function<void(std::int64_t block)>& before_block = {});
 
+  // The token rows this rank has computed through a block so far, over every forward, branch and
+  // block (a branch of L tokens through B blocks adds L x B; a rank of an SP group its share):
+  // how the work was split, for the run's report.
+  std::int64_t token_rows() const { return token_rows_; }
+
  private:
+  std::int64_t token_rows_ = 0;
   // compute over this runner's blocks: alone, or in `pass` (see forward).
   void traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute,
                 const std::vector<BlockEngine*>& pass);

@@ -44,6 +44,8 @@ std::string plan_to_json(const BatchPlan& p) {
                {"output_dir", p.output_dir},
                {"results", p.results},
                {"skipped", p.skipped},
+               {"sp", p.sp},
+               {"cfg_parallel", p.cfg_parallel},
                {"jobs", batch_jobs_json(p.jobs)},
                {"recovered", batch_jobs_json(p.recovered)}})
       .dump();
@@ -58,6 +60,8 @@ BatchPlan plan_from_json(const std::string& text) {
     p.output_dir = j.at("output_dir");
     p.results = j.at("results");
     p.skipped = j.at("skipped");
+    p.sp = j.at("sp");
+    p.cfg_parallel = j.at("cfg_parallel");
     p.jobs = batch_jobs_from_json(j.at("jobs"));
     p.recovered = batch_jobs_from_json(j.at("recovered"));
     return p;
@@ -214,6 +218,8 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
     problems.push_back(std::move(p));
   BatchPlan p;
   p.model_dir = canonical_path(m.model);
+  p.sp = m.sp;
+  p.cfg_parallel = m.cfg_parallel;
   p.output_dir = canonical_path(m.output_dir);
   p.results = p.output_dir + "/" + kResultsFileName;
   std::vector<std::string> fingerprints;

@@ -32,6 +32,7 @@ struct BatchPlan {
   std::string model_identity;   // model_identity(model_dir) on rank 0: every rank must hold the same
   std::string results;          // results.jsonl's path ("": one prompt, no results file)
   std::vector<BatchJob> jobs;   // to render, in manifest order
+  std::string sp, cfg_parallel; // the manifest's topology keys ("": not given; the flags win)
   std::int64_t skipped = 0;     // recorded as done, unchanged, with their outputs intact
   // Of the skipped: done by their outputs' own metadata (plan_resume), with no line in
   // results.jsonl yet; rank 0 records them before rendering.

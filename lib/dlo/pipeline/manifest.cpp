@@ -18,6 +18,7 @@
 #include "dlo/common/file.h"
 #include "dlo/common/sha256.h"
 #include "dlo/common/text.h"
+#include "dlo/pipeline/topology.h"
 
 namespace dlo {
 namespace {
@@ -34,7 +35,7 @@ const std::vector<std::string>& job_keys() {
   }();
   return keys;
 }
-const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs"};
+const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs", "sp", "cfg_parallel"};
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
@@ -469,6 +470,7 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
   YAML::Node defaults_node, jobs_node;
   YAML::Mark defaults_mark, jobs_mark;
   bool has_jobs = false;
+  std::string top_sp, top_cfg;
   for (auto it = top.begin(); it != top.end(); ++it) {
     const YAML::Mark km = it->first.Mark();
     if (!it->first.IsScalar()) {
@@ -489,6 +491,23 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
     }
     if (key == "defaults") defaults_node = it->second, defaults_mark = km;
     if (key == "jobs") jobs_node = it->second, jobs_mark = km, has_jobs = true;
+    if (key == "sp" || key == "cfg_parallel") {
+      const YAML::Mark vm = it->second.Mark();
+      if (!it->second.IsScalar()) {
+        problems.add(-1, key, str("must be ", key == "sp" ? "auto or a rank count" : "on, off or auto", ", got ",
+                                  type_name(it->second)), vm);
+        continue;
+      }
+      const std::string v = it->second.Scalar();
+      try {
+        if (key == "sp")
+          (void)parse_sp(v, key), top_sp = v;
+        else
+          (void)parse_cfg_parallel(v, key), top_cfg = v;
+      } catch (const Error& e) {
+        problems.add(-1, "", e.what(), vm);
+      }
+    }
   }
   std::string model, output_dir;
   model_and_output_dir(folder_of(path), model_flag, output_dir_flag, &top, model, output_dir, problems);
@@ -536,6 +555,8 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
     }
   }
   Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, formats, problems);
+  m.sp = top_sp;
+  m.cfg_parallel = top_cfg;
   m.problems = std::move(problems.list);
   return m;
 }

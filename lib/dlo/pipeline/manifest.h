@@ -55,6 +55,9 @@ struct Manifest {
   // Likewise: --output-dir (as given), else `output_dir` resolved against the manifest's folder,
   // else the manifest's folder ("." when the manifest path has no folder part).
   std::string output_dir;
+  // The top-level `sp` and `cfg_parallel` (the batch's topology, pipeline/topology.h), checked;
+  // "": not given.
+  std::string sp, cfg_parallel;
   std::vector<JobSpec> jobs;  // every field resolved; `output` resolved against output_dir
   OutputFormatNames formats;  // the app's output formats it was read with
   // Per job (same index as jobs), per field name (the manifest's keys): where its value came from.

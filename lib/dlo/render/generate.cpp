@@ -658,7 +658,11 @@ class BatchRun {
   // rerun. Then every rank's facts to rank 0.
   GenerateReport finish() {
     std::vector<EngineStats> es;
-    for (const auto& r : runners_) es.push_back(r->engine().stats());
+    std::int64_t token_rows = 0;
+    for (const auto& r : runners_) {
+      es.push_back(r->engine().stats());
+      token_rows += r->token_rows();
+    }
     runners_.clear();
     experts_.clear();
     const std::int64_t mixed_passes = scheduler_->passes_streaming_all_experts();
@@ -677,6 +681,7 @@ class BatchRun {
     ojson mine = {{"rank", me_},
                  {"group", slot_},
                  {"group_size", topo_.group_size},
+                 {"token_block_rows", token_rows},  // the work this rank computed (runner.h)
                  {"host", world_.host()},
                  {"local_rank", world_.local_rank()},
                  {"device", dev_.device.str()},
