@@ -45,7 +45,10 @@ def generate(bin_dir, tmp, name, ranks, job_args, extra):
     m = re.search(r"topology: (.*?)(?:\n|$)", r["choice"])
     pred = re.search(r"predicted ([0-9.]+) single-rank step times vs ([0-9.]+) data parallel", r["choice"])
     jobs = sorted(r["jobs"], key=lambda j: j["index"])
+    r0 = r["ranks"][0]
     return {"wall_s": round(wall, 2),
+            "rank0_exchange_bytes_sent": r0.get("exchange_bytes_sent", 0),
+            "rank0_bytes_gathered": r0["bytes_gathered"], "rank0_traversals": r0["traversals"],
             "denoise_s": [round(j["timings"]["denoise_s"], 3) for j in jobs],
             "step_s_median": [round(sorted(j["timings"]["step_s"])[len(j["timings"]["step_s"]) // 2], 3) for j in jobs],
             "job_s": [round(j["timings"]["text_s"] + j["timings"]["denoise_s"] + j["timings"]["decode_s"], 3) for j in jobs],
@@ -86,9 +89,22 @@ def main():
                                      ["--cfg-parallel", "on"])
         runs["batch_one_rank"] = generate(args.bin, tmp, "batch_one_rank", 1, batch + ["--output-dir", f"{tmp}/one"], [])
     a = runs["alone"]
+    blocks, steps = args.layers, args.steps
+    tokens = (args.frames - 1) // 4 + 1
+    tokens *= (int(h) // 16) * (int(w) // 16)  # VAE x8, patch 1x2x2
+    act = tokens * 1536 * 2  # A = S x D x 2 bytes (bf16)
+    exchange = {
+        k: {"exchange_bytes_per_block_step": round(runs[k]["rank0_exchange_bytes_sent"] / (blocks * steps)),
+            "gather_bytes_per_block_pass": round(runs[k]["rank0_bytes_gathered"] / (blocks * runs[k]["rank0_traversals"]))}
+        for k in ("sp", "cfg")}
+    # The notes' formula (sequence-parallel-notes.md section 2): Ulysses sends 4A(P-1)/P^2 per rank,
+    # block and branch; SP 2 with guidance's two branches: 2 x A.
+    exchange["sp"]["formula_bytes_per_block_step"] = 2 * act
+    exchange["tokens"] = tokens
     out = {
         "model": f"Wan2.1 1.3B blocks x {args.layers}, {args.size}, {args.frames} frames, {args.steps} steps, guidance 5",
         "runs": runs,
+        "exchange": exchange,
         "denoise_ratio_sp_over_alone": round(runs["sp"]["denoise_s"][0] / a["denoise_s"][0], 3),
         "denoise_ratio_cfg_over_alone": round(runs["cfg"]["denoise_s"][0] / a["denoise_s"][0], 3),
         "job_ratio_sp_over_alone": round(runs["sp"]["job_s"][0] / a["job_s"][0], 3),

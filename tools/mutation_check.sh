@@ -76,7 +76,7 @@ MUTANTS=$(cat <<'EOF'
 39|lib/dlo/render/generate.cpp|a group's decodes all on its first rank (the turns lost)|"group_ranks_[static_cast<std::size_t>(position % topo_.group_size)]"|"group_ranks_.front()"
 40|lib/dlo/render/generate.cpp|a group's members do not prepare the jobs handed to the group|"        if (ours(a)) assign(a.job);"|"        if (ours(a) && leader()) assign(a.job);"
 41|lib/dlo/pipeline/topology.cpp|the SP degree not checked against the attention heads|"    if (sp > l.heads) return str("|"    if (false) return str("
-42|lib/dlo/render/stages.cpp|a CFG group computes both branches on every rank along the sequence (no CFG split; the frames stay right)|"    else if (job.guided() && groups.partners != nullptr)"|"    else if (false)"
+42|lib/dlo/render/stages.cpp|a CFG group computes both branches on every rank along the sequence (no CFG split; the frames stay right)|"  else if (job.guided() && groups.partners != nullptr)"|"  else if (false)"
 EOF
 )
 

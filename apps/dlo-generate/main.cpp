@@ -87,7 +87,7 @@ cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
       cxxopts::value<std::string>()->default_value("0"))(
       "fail-at-block", "this rank's transfer of that block fails (every pass)", cxxopts::value<std::string>())(
       "fail-io-at-pass", "this rank fails with an I/O error at that pass boundary", cxxopts::value<std::string>())(
-      "fail-rank", "the rank of --fail-at-block / --fail-io-at-pass (default: every rank)",
+      "fail-rank", "the rank of --fail-job / --fail-at-block / --fail-io-at-pass (default: every rank)",
       cxxopts::value<std::string>()->default_value("-1"))(
       "slow-decode-ms", "every VAE decode waits this long first (a slow decoder)", cxxopts::value<std::string>())(
       "await-prepared", "at each pass boundary wait for this rank's next job's prompts (deterministic scheduling)");
@@ -127,6 +127,7 @@ dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
     go.faults.compute_job = int_flag(a, "fail-job");
     go.faults.compute_step = int_flag(a, "fail-step");
     go.faults.compute_block = int_flag(a, "fail-block");
+    go.faults.compute_rank = rank;
   }
   if (a.count("fail-at-block")) go.faults.transfer_block = int_flag(a, "fail-at-block"), go.faults.transfer_rank = rank;
   if (a.count("fail-io-at-pass")) go.faults.io_pass = int_flag(a, "fail-io-at-pass"), go.faults.io_rank = rank < 0 ? 0 : rank;

@@ -139,3 +139,34 @@ TEST_CASE("a rank of a group that fails in a block or in its embeddings fails th
     CHECK(at::equal(both[1], reference.forward(x, t, ctx)));
   }
 }
+
+TEST_CASE("a group's exchanges send the bytes Ulysses' formula gives, per block and per forward") {
+  SharedDir dir;
+  const WanTransformerConfig c = sp_config(5);
+  if (world().rank() == 0) write_random_wan_transformer(dir.file("t"), c, DType::F32, 21, 0);
+  world().barrier();
+  auto model = WanTransformer::load(dir.file("t"), at::kFloat, /*load_blocks=*/false);
+  WanOffloadRunner runner(model, world().size());
+  (void)agree_wave(world(), 1, runner.plan().fingerprint());
+  EngineOptions eo;
+  eo.strategy = Strategy::kDlo;
+  runner.start(eo, world().size() > 1 ? make_mpi_collective(world()) : nullptr);
+  const auto g = world().split(0);  // every rank, one group
+  const std::int64_t P = g->size(), r = g->rank();
+  const at::Tensor x = at::randn({1, 4, 3, 6, 6}), t = at::tensor({300}, at::kLong), ctx = at::randn({1, 7, 16});
+  const std::uint64_t before = g->bytes_sent();
+  (void)runner.forward_group(*g, {{x, t, ctx}});
+  // 27 tokens and 5 heads of head_dim d over P ranks (the first ranks one more), fp32 (4 bytes):
+  // per block, q, k and v from this rank's s_r tokens to every other rank j's h_j heads, and the
+  // attention output back (every other rank's s_j tokens of this rank's h_r heads); once, this
+  // rank's rows of the D-wide hidden states to every other rank; and the group's three failure
+  // agreements, an int32 to every other rank.
+  const auto share = [](std::int64_t n, std::int64_t parts, std::int64_t i) { return n / parts + (i < n % parts ? 1 : 0); };
+  const std::int64_t d = c.attention_head_dim, D = c.num_attention_heads * c.attention_head_dim;
+  std::int64_t per_block = 0;
+  for (std::int64_t j = 0; j < P; ++j)
+    if (j != r) per_block += (3 * share(27, P, r) * share(5, P, j) + share(27, P, j) * share(5, P, r)) * d * 4;
+  const std::int64_t want = c.num_layers * per_block + (P - 1) * share(27, P, r) * D * 4 + 3 * (P - 1) * 4;
+  CAPTURE(P);
+  CHECK(static_cast<std::int64_t>(g->bytes_sent() - before) == want);
+}

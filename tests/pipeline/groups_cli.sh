@@ -10,7 +10,8 @@
 #     at 1 rank; the pair's ranks take turns decoding; auto pairs ranks when there are fewer jobs
 #     than ranks, not otherwise;
 #  3. a job failing in a group fails once (one record, from the group's first rank) and the
-#     batch goes on; exit 3;
+#     batch goes on; exit 3; a failure on one member alone (a block, the step's inputs) is
+#     recorded with that member's reason;
 #  4. two experts (Wan2.2 A14B preset) in groups of 2: frames as at 1 rank;
 #  5. refused by name, exit 2, nothing written: more ranks along the sequence than heads, groups
 #     that do not divide the ranks; --dry-run prints the topology and each job's ranks;
@@ -122,6 +123,18 @@ set -e
 grep '"id":"owl"' "$T/f/results.jsonl" | grep -q 'denoising step 2: .*injected failure' || fail "the failure's message: $(grep owl "$T/f/results.jsonl")"
 same_as_ref "$T/f" fox sea car elk
 echo "ok: a job failing in an SP group fails once, the other 4 as at 1 rank, exit 3"
+# On one rank of the group only (its block, or its step's inputs): the record gives that rank's reason.
+for at in "1:block 1: .*injected failure" "-1:the step's inputs: .*injected failure"; do
+  set +e
+  mpirun -np 2 "${GEN[@]}" --output-dir "$T/f1" --sp 2 --cfg-parallel off --fail-job 0 --fail-step 1 \
+    --fail-block "${at%%:*}" --fail-rank 1 2>"$T/log"
+  rc=$?
+  set -e
+  [ "$rc" = 3 ] || fail "a failure on rank 1 alone: exit $rc: $(cat "$T/log")"
+  grep '"id":"fox"' "$T/f1/results.jsonl" | tail -1 | grep -q "denoising step 1: rank 1 of this job's group: ${at#*:}" \
+    || fail "a failure on rank 1 alone: $(grep fox "$T/f1/results.jsonl" | tail -1)"
+  echo "ok: a failure on the group's rank 1 alone (${at#*:}) is recorded with its reason"
+done
 
 # 4. Two experts in groups.
 "$BIN/dlo-checkpoint" make "$T/x" --preset wan2.2-a14b-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null

@@ -203,7 +203,11 @@ void MpiGroup::alltoallv(const void* send, const std::vector<std::size_t>& send_
     int done = 0;
     rcode = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
     DLO_CHECK_KIND(ErrorKind::kTransfer, rcode == MPI_SUCCESS, phase, ": MPI_Ialltoallv failed (code ", rcode, ")");
-    if (done) return;
+    if (done) {
+      for (std::size_t i = 0; i < n; ++i)
+        if (static_cast<int>(i) != rank_) bytes_sent_ += send_bytes[i];
+      return;
+    }
     if (spins < 2000) continue;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     if ((spins & 1023) == 0 &&

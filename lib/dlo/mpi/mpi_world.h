@@ -45,10 +45,14 @@ class MpiGroup {
   void alltoallv(const void* send, const std::vector<std::size_t>& send_bytes, const std::vector<std::size_t>& send_offset,
                  void* recv, const std::vector<std::size_t>& recv_bytes, const std::vector<std::size_t>& recv_offset,
                  const char* phase) const;
+  // Bytes this rank has sent to the group's other ranks so far, over every alltoallv (its piece
+  // for itself not counted): the activations sequence and CFG parallelism move, for reports.
+  std::uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
   friend class MpiWorld;
   MpiGroup() = default;
+  mutable std::uint64_t bytes_sent_ = 0;
   int comm_f_ = 0;
   bool have_comm_ = false;
   int rank_ = 0, size_ = 1;

@@ -191,27 +191,30 @@ std::string group_failure(const MpiGroup& group, const std::string& mine) {
 
 std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
                                                         const std::vector<BlockEngine*>& pass,
-                                                        const std::function<void(std::int64_t)>& before_block) {
-  if (group.size() == 1) return forward(branches, before_block, pass);
+                                                        const std::function<void(std::int64_t)>& before_block,
+                                                        const std::string& inputs_failed) {
+  if (group.size() == 1 && inputs_failed.empty()) return forward(branches, before_block, pass);
   const auto& c = model_.config();
   const int me = group.rank();
   std::vector<WanForwardState> full, rows;
   Partition tokens, heads;
-  std::string failure;  // this rank's; the group agrees on failures before and after the blocks
-  try {
-    for (const auto& b : branches) full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
-    DLO_CHECK(!full.empty(), "no branch to compute");
-    heads = Partition::even(c.num_attention_heads, group.size(), "sequence parallelism over the attention heads");
-    tokens = Partition::even(full[0].h.size(1), group.size(), "sequence parallelism over the tokens");
-    for (const auto& f : full) rows.push_back(wan_state_rows(f, tokens.offset[me], tokens.size[me]));
-    // One MPI call carries at most INT_MAX bytes in all (offsets are ints): the largest buffer
-    // of any rank, from the partitions every rank knows, so all refuse alike.
-    const auto& h = full[0].h;
-    const std::uint64_t whole = static_cast<std::uint64_t>(h.numel()) * h.element_size();  // [B, L, D]: every exchange's largest
-    DLO_CHECK(whole <= static_cast<std::uint64_t>(INT_MAX), "sequence parallelism: ", whole,
-              " bytes of hidden states exceed one MPI exchange (2 GiB)");
-  } catch (const std::exception& e) {
-    failure = str("the transformer's input embeddings: ", describe_exception(e));
+  std::string failure = inputs_failed;  // this rank's; the group agrees on failures before and after the blocks
+  if (failure.empty()) {
+    try {
+      for (const auto& b : branches) full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
+      DLO_CHECK(!full.empty(), "no branch to compute");
+      heads = Partition::even(c.num_attention_heads, group.size(), "sequence parallelism over the attention heads");
+      tokens = Partition::even(full[0].h.size(1), group.size(), "sequence parallelism over the tokens");
+      for (const auto& f : full) rows.push_back(wan_state_rows(f, tokens.offset[me], tokens.size[me]));
+      // One MPI call carries at most INT_MAX bytes in all (offsets are ints): the largest buffer
+      // of any rank, from the partitions every rank knows, so all refuse alike.
+      const auto& h = full[0].h;
+      const std::uint64_t whole = static_cast<std::uint64_t>(h.numel()) * h.element_size();  // [B, L, D]: every exchange's largest
+      DLO_CHECK(whole <= static_cast<std::uint64_t>(INT_MAX), "sequence parallelism: ", whole,
+                " bytes of hidden states exceed one MPI exchange (2 GiB)");
+    } catch (const std::exception& e) {
+      failure = str("the transformer's input embeddings: ", describe_exception(e));
+    }
   }
   if (const std::string why = group_failure(group, failure); !why.empty()) {
     ghost(pass);  // no rank of the group exchanges: they join the pass's gathers only
@@ -284,14 +287,22 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
 std::vector<at::Tensor> WanOffloadRunner::forward_cfg(const MpiGroup& partners, const MpiGroup* sp,
                                                       const std::vector<WanBranchInputs>& branches,
                                                       const std::vector<BlockEngine*>& pass,
-                                                      const std::function<void(std::int64_t)>& before_block) {
+                                                      const std::function<void(std::int64_t)>& before_block,
+                                                      const std::string& inputs_failed) {
   DLO_ASSERT(static_cast<int>(branches.size()) == partners.size(), branches.size(), " branches for ", partners.size(),
              " CFG partners");
   const std::vector<WanBranchInputs> mine = {branches[static_cast<std::size_t>(partners.rank())]};
   std::vector<at::Tensor> out;
   std::string failure;
   try {
-    out = sp != nullptr ? forward_group(*sp, mine, pass, before_block) : forward(mine, before_block, pass);
+    if (sp != nullptr) {
+      out = forward_group(*sp, mine, pass, before_block, inputs_failed);
+    } else if (!inputs_failed.empty()) {
+      ghost(pass);
+      failure = inputs_failed;
+    } else {
+      out = forward(mine, before_block, pass);
+    }
   } catch (const BlockComputeError& e) {
     failure = e.what();  // the partner learns of it, instead of waiting for a prediction
   }

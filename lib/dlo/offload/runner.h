@@ -78,19 +78,23 @@ class WanOffloadRunner : public OffloadStack {
   // after the pass was completed: a failing rank keeps joining the group's exchanges, so nobody
   // waits. An exchange that does not finish (a partner gone or stuck) ends every rank, as a
   // gather that does not. One group of size 1 is forward(). `before_block`: as forward()'s.
+  // `inputs_failed`: this rank could not make its inputs (the reason): it computes nothing, and
+  // the group fails the forward with that reason, in step.
   std::vector<at::Tensor> forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
                                         const std::vector<BlockEngine*>& pass = {},
-                                        const std::function<void(std::int64_t block)>& before_block = {});
+                                        const std::function<void(std::int64_t block)>& before_block = {},
+                                        const std::string& inputs_failed = {});
   // CFG parallelism: the guidance branches on partner ranks. `partners` holds one rank per branch
   // (the conditional branch on partner 0, the unconditional on partner 1); each computes its own
   // branch (through `sp`, its sequence-parallel group, when given: CFG x SP), then the partners
   // exchange their predictions, so every one returns every branch's output, as forward() does.
   // Collective over the partners (and sp). branches.size() == partners.size(). A branch that
   // fails fails the forward on every partner (BlockComputeError), after the pass, without waits.
-  // `before_block`: as forward()'s, on each partner's own branch.
+  // `before_block`, `inputs_failed`: as forward_group's, on each partner's own branch.
   std::vector<at::Tensor> forward_cfg(const MpiGroup& partners, const MpiGroup* sp, const std::vector<WanBranchInputs>& branches,
                                       const std::vector<BlockEngine*>& pass = {},
-                                      const std::function<void(std::int64_t block)>& before_block = {});
+                                      const std::function<void(std::int64_t block)>& before_block = {},
+                                      const std::string& inputs_failed = {});
 
   // The token rows this rank has computed through a block so far, over every forward, branch and
   // block (a branch of L tokens through B blocks adds L x B; a rank of an SP group its share):

@@ -583,7 +583,8 @@ class BatchRun {
     const auto t0 = Clock::now();
     JobRun& run = *slot.run;
     const FaultHooks& f = o_.faults;
-    const BlockHook hook = run.job.index == f.compute_job ? BlockHook([&](std::int64_t step, std::int64_t block) {
+    const bool fails_here = run.job.index == f.compute_job && (f.compute_rank < 0 || f.compute_rank == me_);
+    const BlockHook hook = fails_here ? BlockHook([&](std::int64_t step, std::int64_t block) {
       DLO_CHECK(!(step == f.compute_step && block == f.compute_block), "injected failure (test hook)");
     })
                                                           : BlockHook();
@@ -682,6 +683,8 @@ class BatchRun {
                  {"group", slot_},
                  {"group_size", topo_.group_size},
                  {"token_block_rows", token_rows},  // the work this rank computed (runner.h)
+                 {"exchange_bytes_sent", (group_ ? group_->bytes_sent() : 0) + (half_ ? half_->bytes_sent() : 0) +
+                                             (partners_ ? partners_->bytes_sent() : 0)},
                  {"host", world_.host()},
                  {"local_rank", world_.local_rank()},
                  {"device", dev_.device.str()},

@@ -51,6 +51,7 @@ class MpiWorld;
 struct FaultHooks {
   std::int64_t compute_job = -1, compute_step = -1;  // the job (manifest index) fails in that step (from 1)
   std::int64_t compute_block = 0;                    // ... at that block (-1: the step's inputs, before the traversal)
+  int compute_rank = -1;                             // ... on this rank only (-1: every rank computing the job)
   std::int64_t transfer_block = -1;                  // this block's transfer fails ...
   int transfer_rank = -1;                            // ... on this rank (-1: every rank)
   std::int64_t io_pass = -1;                         // at this pass boundary ...

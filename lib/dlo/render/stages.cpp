@@ -148,18 +148,14 @@ void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, c
   const std::int64_t step = i + 1;
   const auto before_block = hook ? std::function<void(std::int64_t)>([&](std::int64_t b) { hook(step, b); })
                                  : std::function<void(std::int64_t)>();
+  // A failure in the group is its agreed BlockComputeError (this rank's own reason where it failed).
   std::vector<at::Tensor> out;
-  try {
-    if (groups.group == nullptr)
-      out = runner.forward(branches, before_block, pass);
-    else if (job.guided() && groups.partners != nullptr)
-      out = runner.forward_cfg(*groups.partners, groups.half, branches, pass, before_block);
-    else
-      out = runner.forward_group(*groups.group, branches, pass, before_block);
-  } catch (const BlockComputeError&) {
-    if (!inputs_failed.empty()) throw BlockComputeError(inputs_failed);  // this rank's own reason
-    throw;
-  }
+  if (groups.group == nullptr)
+    out = runner.forward(branches, before_block, pass);
+  else if (job.guided() && groups.partners != nullptr)
+    out = runner.forward_cfg(*groups.partners, groups.half, branches, pass, before_block, inputs_failed);
+  else
+    out = runner.forward_group(*groups.group, branches, pass, before_block, inputs_failed);
   DLO_ASSERT(inputs_failed.empty(), "the group's forward went on without this rank's inputs");
   // After it: the transfers are done, a failure is the job's own.
   try {
