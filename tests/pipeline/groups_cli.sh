@@ -8,14 +8,16 @@
 #  2. a batch of 5 mixed jobs on 4 ranks as two groups of 2 (SP 2), and 3 guided jobs on 2 ranks
 #     as a CFG pair (the manifest's cfg_parallel key; the flag wins over it): each job's frames as
 #     at 1 rank; the pair's ranks take turns decoding; auto pairs ranks when there are fewer jobs
-#     than ranks, not otherwise;
+#     than ranks, not otherwise; with a slow VAE neither rank of a pair queues more than four
+#     decodes;
 #  3. a job failing in a group fails once (one record, from the group's first rank) and the
 #     batch goes on; exit 3; a failure on one member alone (a block, the step's inputs) is
 #     recorded with that member's reason;
 #  4. two experts (Wan2.2 A14B preset) in groups of 2: frames as at 1 rank;
 #  5. refused by name, exit 2, nothing written: more ranks along the sequence than heads, groups
 #     that do not divide the ranks; --dry-run prints the topology and each job's ranks;
-#  6. SIGKILL of one rank of a group mid-batch ends every rank within a bounded time.
+#  6. SIGTERM to every rank of a CFG pair: exit 143, only finished videos kept, the rerun completes;
+#  7. SIGKILL of one rank of a group mid-batch ends every rank within a bounded time.
 #   groups_cli.sh BIN_DIR
 set -euo pipefail
 # shellcheck source=tests/common/cli.sh
@@ -112,6 +114,20 @@ mpirun -np 3 "$BIN/dlo-generate" --threads 1 --jobs "$T/three6.yaml" --output-di
 grep -q "^topology: every rank its own job: 3 job(s) on 3 rank(s)" "$T/stdout" || fail "auto for 3 jobs on 3 ranks: $(grep topology "$T/stdout")"
 echo "ok: auto: 3 jobs on 4 ranks as two CFG pairs, on 3 ranks one each"
 
+# A slow VAE: no rank of a CFG pair queues more decodes than a rank alone may (README: at most four).
+printf 'p1\np2\np3\np4\np5\n' >"$T/five.txt"
+mpirun -np 2 "$BIN/dlo-generate" --model "$T/m" --jobs "$T/five.txt" --output-dir "$T/slow" --steps 2 --height 32 --width 48 \
+  --frames 5 --threads 1 --quiet --guidance 4 --cfg-parallel on --slow-decode-ms 1000 --report "$T/slow.json" >/dev/null 2>"$T/log" \
+  || fail "slow decodes in a pair: $(cat "$T/log")"
+python3 - "$T/slow.json" <<'PY' || fail "a rank of the pair queued too many decodes"
+import json, sys
+r = json.load(open(sys.argv[1]))
+peaks = [x["decode_backlog_peak"] for x in r["ranks"]]
+assert all(1 <= p <= 4 for p in peaks), peaks
+assert sorted(set(j["rank"] for j in r["jobs"])) == [0, 1] and all(j["status"] == "ok" for j in r["jobs"]), r["jobs"]
+print("ok: slow decodes in a CFG pair: decode queue peaks", peaks, "(both ranks decode; at most four)")
+PY
+
 # 3. A job failing in a group fails once; the batch goes on.
 set +e
 mpirun -np 2 "${GEN[@]}" --output-dir "$T/f" --sp 2 --cfg-parallel off --fail-job 1 --fail-step 2 --fail-block 1 2>"$T/log"
@@ -166,7 +182,26 @@ grep -q "job 1 'owl'.*(starts on ranks 2-3, sp 2)" "$T/stdout" && grep -q "^topo
   || fail "the dry run's topology: $(cat "$T/stdout")"
 echo "ok: --dry-run prints the topology and the ranks each job starts on"
 
-# 6. SIGKILL of a group's member mid-batch ends every rank.
+# 6. SIGTERM to every rank of a pair: a clean stop (143), nothing unfinished kept; the rerun completes.
+{ echo "cfg_parallel: on"; echo "model: m"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 60}"; echo "jobs:"
+  for i in 0 1 2 3; do echo "  - {id: t$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$T/term.yaml"
+mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/term.yaml" --output-dir "$T/term" >/dev/null 2>"$T/log" &
+pid=$!
+for _ in $(seq 600); do [ -f "$T/term/results.jsonl" ] && grep -q '"status":"ok"' "$T/term/results.jsonl" && break; sleep 0.1; done
+pkill -TERM -f "^[^ ]*dlo-generate .*$T/term" || true
+set +e
+wait $pid
+rc=$?
+set -e
+[ "$rc" = 143 ] || fail "SIGTERM to a pair: exit $rc, want 143: $(tail -5 "$T/log")"
+n_ok=$(grep -c '"status":"ok"' "$T/term/results.jsonl")
+[ "$(find "$T/term" -name '*.mp4' | wc -l)" = "$n_ok" ] || fail "SIGTERM left $(ls "$T/term") for $n_ok finished job(s)"
+mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/term.yaml" --output-dir "$T/term" >/dev/null 2>"$T/log" \
+  || fail "the rerun after SIGTERM: $(cat "$T/log")"
+[ "$(grep -c '"status":"ok"' "$T/term/results.jsonl")" = 4 ] || fail "the rerun did not complete: $(cat "$T/term/results.jsonl")"
+echo "ok: SIGTERM to a CFG pair stopped it cleanly (exit 143, $n_ok job(s) kept); the rerun completed the 4"
+
+# 7. SIGKILL of a group's member mid-batch ends every rank.
 { echo "model: m"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 80}"; echo "jobs:"
   for i in 0 1 2; do echo "  - {id: j$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$T/long.yaml"
 mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/long.yaml" --output-dir "$T/kill" --sp 2 --cfg-parallel off &

@@ -405,6 +405,9 @@ class BatchRun {
       RankReport r;
       r.stop = cb_.stop_requested && cb_.stop_requested();
       r.pending_results = static_cast<std::int64_t>(pending_.size());
+      // Whether its VAE keeps up: the group asks for a job only while every member's does.
+      r.wants_job = decodes_in_flight_.load() < kDecodeBacklog;
+      if (!r.wants_job) ++decode_waits_;
       return r;
     }
     for (auto& r : finished_.take()) record(std::move(r));
@@ -505,7 +508,7 @@ class BatchRun {
     for (int r = 0; r < ranks_; ++r) reports.push_back(RankReport::decode(&all[static_cast<std::size_t>(r) * RankReport::kWords]));
     if (topo_.group_size == 1) return reports;
     // The scheduler's ranks are the groups: each leader's report, with a stop and results from any
-    // member.
+    // member, and a request for a job only while no member's VAE is behind.
     const int P = topo_.group_size;
     std::vector<RankReport> groups;
     for (int g = 0; g < topo_.groups(ranks_); ++g) {
@@ -513,6 +516,7 @@ class BatchRun {
       for (int m = 1; m < P; ++m) {
         r.stop = r.stop || reports[static_cast<std::size_t>(g * P + m)].stop;
         r.pending_results += reports[static_cast<std::size_t>(g * P + m)].pending_results;
+        r.wants_job = r.wants_job && reports[static_cast<std::size_t>(g * P + m)].wants_job;
       }
       groups.push_back(r);
     }
