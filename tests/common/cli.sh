@@ -9,3 +9,18 @@ trap cleanup EXIT
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 fail() { echo "FAIL: $*"; exit 1; }
+wait_for_results() {  # wait_for_results FILE N: until N ok lines in a results.jsonl (bounded)
+  for _ in $(seq 600); do [ -f "$1" ] && [ "$(grep -c '"status":"ok"' "$1")" -ge "$2" ] && return 0; sleep 0.1; done
+  fail "timed out waiting for $2 results in $1"
+}
+kill_a_rank() {  # kill_a_rank PID DIR: SIGKILL one rank of the mpirun PID writing to DIR; every rank
+  # must be gone within 30 s; sets KILLED_S (seconds from the kill to mpirun's end).
+  local victim t0
+  victim=$(pgrep -f "^[^ ]*dlo-generate .*$2" | tail -1)
+  t0=$(date +%s)
+  kill -KILL "$victim"
+  wait "$1" || true
+  KILLED_S=$(($(date +%s) - t0))
+  [ "$KILLED_S" -le 30 ] || fail "ranks lived $KILLED_S s after one was killed"
+  ! pgrep -f "^[^ ]*dlo-generate .*$2" >/dev/null || fail "a rank outlived the kill"
+}

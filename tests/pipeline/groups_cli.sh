@@ -187,7 +187,7 @@ echo "ok: --dry-run prints the topology and the ranks each job starts on"
   for i in 0 1 2 3; do echo "  - {id: t$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$T/term.yaml"
 mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/term.yaml" --output-dir "$T/term" >/dev/null 2>"$T/log" &
 pid=$!
-for _ in $(seq 600); do [ -f "$T/term/results.jsonl" ] && grep -q '"status":"ok"' "$T/term/results.jsonl" && break; sleep 0.1; done
+wait_for_results "$T/term/results.jsonl" 1
 pkill -TERM -f "^[^ ]*dlo-generate .*$T/term" || true
 set +e
 wait $pid
@@ -206,15 +206,6 @@ echo "ok: SIGTERM to a CFG pair stopped it cleanly (exit 143, $n_ok job(s) kept)
   for i in 0 1 2; do echo "  - {id: j$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$T/long.yaml"
 mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/long.yaml" --output-dir "$T/kill" --sp 2 --cfg-parallel off &
 pid=$!
-for _ in $(seq 600); do [ -f "$T/kill/results.jsonl" ] && grep -q '"status":"ok"' "$T/kill/results.jsonl" && break; sleep 0.1; done
-grep -q '"status":"ok"' "$T/kill/results.jsonl" || fail "the long batch recorded no job"
-victim=$(pgrep -f "^[^ ]*dlo-generate .*$T/kill" | tail -1)
-t0=$(date +%s)
-kill -KILL "$victim"
-set +e
-wait $pid
-set -e
-dt=$(($(date +%s) - t0))
-[ "$dt" -le 30 ] || fail "ranks lived $dt s after one of the group was killed"
-! pgrep -f "^[^ ]*dlo-generate .*$T/kill" >/dev/null || fail "a rank outlived the kill"
-echo "ok: SIGKILL of one rank of an SP group ended every rank in ${dt} s"
+wait_for_results "$T/kill/results.jsonl" 1
+kill_a_rank $pid "$T/kill"
+echo "ok: SIGKILL of one rank of an SP group ended every rank in ${KILLED_S} s"
