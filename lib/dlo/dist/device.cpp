@@ -7,6 +7,7 @@
 #include "dlo/mpi/mpi_world.h"
 
 #ifdef DLO_HAVE_CUDA
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -102,6 +103,10 @@ DeviceMemory device_memory(c10::Device d, bool release_cache) {
   DeviceMemory m;
 #ifdef DLO_HAVE_CUDA
   if (d.is_cuda()) {
+    // The caching allocator exists only once CUDA is initialised (the first CUDA tensor does it):
+    // before that its stats assert "Invalid device argument: did you call init?" (seen on the
+    // first GPU run, dlo-forward asking for free memory before loading anything).
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     if (release_cache) c10::cuda::CUDACachingAllocator::emptyCache();
     std::size_t free = 0, total = 0;
     if (cudaSetDevice(d.index()) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess) {
@@ -122,7 +127,10 @@ DeviceMemory device_memory(c10::Device d, bool release_cache) {
 
 void reset_device_peaks(c10::Device d) {
 #ifdef DLO_HAVE_CUDA
-  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
+  if (d.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
+  }
 #endif
   (void)d;
 }
