@@ -82,9 +82,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       cxxopts::value<std::string>())(
       "guidance", "transformer: also run input negative_encoder_hidden_states through each block (output_negative)")(
       "sp", "transformer: ranks per group; a group computes one forward with Ulysses sequence parallelism, each rank its "
-      "share of the tokens (CPU; groups of consecutive ranks, the last one smaller)", cxxopts::value<int>()->default_value("1"))(
+      "share of the tokens (groups of consecutive ranks, the last one smaller)", cxxopts::value<int>()->default_value("1"))(
       "cfg-parallel", "transformer, with --guidance: the two branches on two halves of each 2 x --sp ranks, predictions "
-      "exchanged (CPU)")(
+      "exchanged")(
       "keep-page-cache", "transformer: keep the checkpoint's pages cached after building the shards")(
       "random-inputs", "transformer: random latents and text instead of --inputs: F,H,W,L (seeded by --seed + rank)",
       cxxopts::value<std::string>())(
@@ -92,6 +92,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       "report", "write per-rank timing and memory as JSON (rank 0)", cxxopts::value<std::string>())(
       "fail-at-block", "test hook: throw while transferring this block", cxxopts::value<std::int64_t>())(
       "fail-rank", "test hook: ... on this rank only", cxxopts::value<int>()->default_value("-1"))(
+      "test-jitter-us", "test hook: random pauses of up to this many microseconds before each transfer and each block "
+      "(the soak of gathers interleaved with exchanges)", cxxopts::value<std::int64_t>()->default_value("0"))(
       "test-stop-rank", "test hook: this rank stops itself (SIGSTOP) at --test-stop-at", cxxopts::value<int>())(
       "test-stop-at", "test hook: loaded (before the start-up check) or report (before the closing gather)",
       cxxopts::value<std::string>()->default_value("loaded"))("h,help", "help");
@@ -165,6 +167,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     }
     if (args.count("fail-at-block")) jo.fail_at_block = args["fail-at-block"].as<std::int64_t>();
     jo.fail_rank = args["fail-rank"].as<int>();
+    jo.jitter_us = args["test-jitter-us"].as<std::int64_t>();
+    DLO_CHECK(jo.jitter_us >= 0, "--test-jitter-us must be >= 0");
     jo.write_output = write_out;
     if (args.count("test-stop-rank")) {
       const int stop_rank = args["test-stop-rank"].as<int>();

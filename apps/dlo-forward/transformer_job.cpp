@@ -2,7 +2,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <random>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -13,6 +16,7 @@
 #include "dlo/common/partition.h"
 #include "dlo/dist/collective.h"
 #include "dlo/dist/device.h"
+#include "dlo/dist/exchange_group.h"
 #include "dlo/mpi/mpi_world.h"
 #include "dlo/app/tool.h"
 #include "dlo/models/tensor_view.h"
@@ -117,13 +121,10 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       DLO_CHECK(o.guidance, "--cfg-parallel needs --guidance (the two branches it puts on partner ranks)");
       DLO_CHECK(world.size() % job_ranks == 0, "--cfg-parallel: ", world.size(), " rank(s) are not a multiple of 2 x --sp (",
                 job_ranks, ")");
-      DLO_CHECK(device.is_cpu(), "--cfg-parallel: runs on the CPU for now (its exchange over NCCL is not built yet); use --device cpu");
       DLO_CHECK(o.rank_passes.empty(), "--cfg-parallel with --rank-passes: partner ranks compute the same passes");
     }
     if (o.sp != 1) {
       DLO_CHECK(o.sp >= 1 && o.sp <= world.size(), "--sp ", o.sp, ": a group of 1 to ", world.size(), " rank(s)");
-      DLO_CHECK(device.is_cpu(), "--sp ", o.sp, ": sequence parallelism runs on the CPU for now (its exchange over NCCL "
-                "is not built yet); use --device cpu");
       DLO_CHECK(o.rank_passes.empty(), "--sp with --rank-passes: the ranks of a group compute the same passes");
       const at::Tensor& x = branches[0].hidden_states;
       const std::int64_t tokens = wan_tokens(c, x.size(2), x.size(3), x.size(4));
@@ -142,11 +143,13 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   if (o.test_hook) o.test_hook("loaded");
   world.check_all(error, "start-up check (model and inputs loaded on every rank)");
   const WaveSchedule wave = agree_wave(world, my_passes, runner->plan().fingerprint());
-  const std::unique_ptr<MpiGroup> group = o.sp > 1 ? world.split(world.rank() / o.sp, "sequence-parallel groups") : nullptr;
+  // Groups (collective): MPI communicators on the CPU, peers on one NCCL communicator on CUDA.
+  const std::unique_ptr<ExchangeNetwork> net = o.sp > 1 || o.cfg_parallel ? make_exchange_network(world, device) : nullptr;
+  const std::unique_ptr<ExchangeGroup> group = o.sp > 1 ? net->split(world.rank() / o.sp, "sequence-parallel groups") : nullptr;
   // CFG partners: the ranks at the same place in the two halves of a job's ranks.
   const int sp = std::max(1, o.sp);
-  const std::unique_ptr<MpiGroup> partners =
-      o.cfg_parallel ? world.split(world.rank() / job_ranks * sp + world.rank() % sp, "CFG partners") : nullptr;
+  const std::unique_ptr<ExchangeGroup> partners =
+      o.cfg_parallel ? net->split(world.rank() / job_ranks * sp + world.rank() % sp, "CFG partners") : nullptr;
   // The rank that computed writes: the lowest one with passes (rank 0 may have none).
   TransformerJobResult result;
   result.writer_rank = -1;
@@ -163,6 +166,14 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   EngineOptions eo;
   eo.keep_page_cache = o.keep_page_cache;
   if (o.fail_rank < 0 || o.fail_rank == world.rank()) eo.fail_at_block = o.fail_at_block;
+  eo.jitter_us = o.jitter_us;
+  eo.jitter_seed = 1000 + static_cast<std::uint64_t>(world.rank());
+  std::mt19937_64 jitter(2000 + static_cast<std::uint64_t>(world.rank()));
+  const std::function<void(std::int64_t)> before_block =
+      o.jitter_us > 0 ? std::function<void(std::int64_t)>([&](std::int64_t) {
+        std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<std::int64_t>(0, o.jitter_us)(jitter)));
+      })
+                      : std::function<void(std::int64_t)>();
   result.choice = str("offload: ", strategy_name(choice.strategy), " (", choice.reason, "); device ", device.str(), "; ",
                       world.size(), " rank(s); wave of ", wave.length, " pass(es)");
   const ProcessMemory before = read_process_memory();
@@ -178,9 +189,9 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     const bool compute = p < my_passes;
     try {
       if (compute) {
-        auto outs = partners ? runner->forward_cfg(*partners, group.get(), branches)
-                    : group  ? runner->forward_group(*group, branches)
-                             : runner->forward(branches);
+        auto outs = partners ? runner->forward_cfg(*partners, group.get(), branches, {}, before_block)
+                    : group  ? runner->forward_group(*group, branches, {}, before_block)
+                             : runner->forward(branches, before_block);
         if (device.is_cuda())
           for (auto& t : outs) t = t.to(at::kCPU);  // synchronises: the pass's time is real
         result.outputs["output"] = outs[0];

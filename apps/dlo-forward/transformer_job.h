@@ -37,7 +37,7 @@ struct TransformerJobOptions {
   int sp = 1;
   // CFG parallelism (with guidance): the conditional branch on one half of each group of 2 x sp
   // consecutive ranks, the unconditional on the other, predictions exchanged (forward_cfg). The
-  // ranks must be a multiple of 2 x sp. CPU only for now.
+  // ranks must be a multiple of 2 x sp.
   bool cfg_parallel = false;
   bool keep_page_cache = false;
   // Instead of inputs: random latents [1, C_in, F, H, W] and text contexts [1, L, text_dim], seeded
@@ -46,6 +46,9 @@ struct TransformerJobOptions {
   std::uint64_t random_seed = 0;
   std::int64_t fail_at_block = -1;       // test hook: this rank's transfer of that block throws
   int fail_rank = -1;                    // ... on this rank only (-1: every rank)
+  // Test hook (the GPU soak): random pauses of 0..jitter_us microseconds before each transfer the
+  // engine requests and before each block computes (so before its exchanges), seeded per rank.
+  std::int64_t jitter_us = 0;
   // Called on the one rank that writes (the lowest rank with passes > 0; see
   // TransformerJobResult::writer_rank) with its outputs, after its wave and before the closing
   // gather of the report, so a rank that is stuck at the end cannot keep the output from being

@@ -10,13 +10,18 @@
 //   - the collective is destroyed without a word on stderr (finalize completed, then destroy;
 //     A5), and a new one works afterwards;
 //   - abort() while a gather waits on a peer that never comes stops it (the stream drains), and
-//     every later call throws.
+//     every later call throws;
+//   - sequence and CFG parallelism's exchanges over the NCCL activation network (grouped
+//     send/recv on the compute stream, uneven tokens and heads) give, byte for byte, what the
+//     MPI network gives on the CPU (itself checked against one rank in the CPU tests), many times
+//     back to back with no host sync, and the round trip tokens -> heads -> tokens is the identity.
 //
 //   test_nccl_gpu --probe   exit 0 if a CUDA device is usable, 77 if the machine has no GPU (and
 //                           DLO_REQUIRE_GPU is not 1), 1 otherwise; no MPI.
 //   mpirun -np 2 test_nccl_gpu   the cases (exit 77 on every rank where there is no GPU).
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "common/doctest_torch.h"  // ATen, then doctest (c10's CHECK macros removed)
+
 #include <mpi.h>
 #include <unistd.h>
 
@@ -32,7 +37,10 @@
 #include <vector>
 
 #include "dlo/common/error.h"
+#include "dlo/common/partition.h"
 #include "dlo/dist/collective.h"
+#include "dlo/dist/exchange_group.h"
+#include "dlo/dist/sequence_exchange.h"
 #include "dlo/mpi/mpi_world.h"
 
 #include "common/gpu_probe.h"
@@ -255,6 +263,65 @@ TEST_CASE("abort() while a gather waits for a peer that never comes: the stream 
   coll.reset();  // nothing more to do on an aborted communicator
   cudaFree(buf);
   world().barrier("after the abort");
+}
+#endif
+
+#ifdef DLO_HAVE_CUDA
+TEST_CASE("activation exchanges over NCCL equal the MPI network's byte for byte: uneven tokens and heads, back to back") {
+  const int n = world().size(), me = world().rank();
+  const auto mpi = dlo::make_exchange_network(world(), at::kCPU);
+  const auto nccl = dlo::make_exchange_network(world(), at::Device(at::kCUDA, 0));
+  CHECK(nccl->describe().rfind("nccl", 0) == 0);
+  const auto gm = mpi->split(0, "test: one group on MPI");
+  const auto gn = nccl->split(0, "test: one group on NCCL");
+  REQUIRE(gn->size() == n);
+  CHECK(gn->rank() == me);
+  CHECK(gn->device() == at::Device(at::kCUDA, 0));
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    CAPTURE(c10::toString(dtype));
+    // 27 tokens and 5 heads (of dim 8): uneven shares at every rank count.
+    const dlo::Partition tokens = dlo::Partition::even(27, n, "tokens"), heads = dlo::Partition::even(5, n, "heads");
+    std::vector<at::Tensor> on_device, on_host;
+    const std::uint64_t sent0 = gn->bytes_sent();
+    for (int round = 0; round < 20; ++round) {  // no host sync between the rounds on the device
+      at::manual_seed(static_cast<std::uint64_t>(100 * round + me));
+      const at::Tensor x = at::randn({1, tokens.size[me], 5, 8}).to(dtype);
+      const at::Tensor xd = x.to(at::Device(at::kCUDA, 0));
+      const at::Tensor hd = dlo::seq_to_heads(*gn, xd, tokens, heads);
+      const at::Tensor h = dlo::seq_to_heads(*gm, x, tokens, heads);
+      on_device.push_back(hd);
+      on_host.push_back(h);
+      on_device.push_back(dlo::heads_to_seq(*gn, hd, tokens, heads));
+      on_host.push_back(x);  // the round trip is the identity
+      on_device.push_back(dlo::gather_tokens(*gn, xd, tokens));
+      on_host.push_back(dlo::gather_tokens(*gm, x, tokens));
+      // CFG's exchange: every rank's prediction has the same shape.
+      const at::Tensor pred = at::randn({1, 7, 8}).to(dtype);
+      const auto all = dlo::gather_all(*gn, pred.to(at::Device(at::kCUDA, 0)));
+      const auto all_host = dlo::gather_all(*gm, pred);
+      for (int r = 0; r < n; ++r) {
+        on_device.push_back(all[static_cast<std::size_t>(r)]);
+        on_host.push_back(all_host[static_cast<std::size_t>(r)]);
+      }
+    }
+    for (std::size_t i = 0; i < on_device.size(); ++i) {
+      CAPTURE(i);
+      CHECK(at::equal(on_device[i].to(at::kCPU), on_host[i]));
+    }
+    // Bytes to the other ranks, by hand: tokens to heads sends my tokens' other heads, back to
+    // tokens their tokens' of my heads; gathering the tokens sends all mine ([1, s, 5, 8]) and the
+    // predictions' exchange my [1, 7, 8] to every other rank.
+    std::uint64_t want = 0;
+    const std::uint64_t e = dtype == at::kFloat ? 4 : 2;
+    for (int j = 0; j < n; ++j) {
+      if (j == me) continue;
+      want += static_cast<std::uint64_t>(tokens.size[me] * heads.size[j] * 8) * e;  // to heads
+      want += static_cast<std::uint64_t>(tokens.size[j] * heads.size[me] * 8) * e;  // back to tokens
+      want += static_cast<std::uint64_t>(tokens.size[me] * 5 * 8) * e;               // gather_tokens
+      want += static_cast<std::uint64_t>(7 * 8) * e;                                  // gather_all
+    }
+    CHECK(gn->bytes_sent() - sent0 == 20 * want);
+  }
 }
 #endif
 

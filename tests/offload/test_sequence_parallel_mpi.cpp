@@ -1,5 +1,5 @@
-// Ulysses sequence parallelism under mpirun (WanOffloadRunner::forward_group over MpiGroups split
-// from the world): a group of P ranks computes one forward, each rank its share of the tokens,
+// Ulysses sequence parallelism under mpirun (WanOffloadRunner::forward_group over groups split
+// from the world: the CPU's exchange network, MPI communicators): a group of P ranks computes one forward, each rank its share of the tokens,
 // while every rank of the world joins every block's gather; the output equals the resident
 // one-rank forward byte for byte, with uneven tokens (27) and heads (5), guidance's two branches,
 // per-sample and per-token timesteps, every group size the world allows at once (the world split
@@ -13,6 +13,7 @@
 #include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "dlo/dist/collective.h"
+#include "dlo/dist/exchange_group.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/mpi/mpi_world.h"
 #include "dlo/offload/engine.h"
@@ -26,6 +27,12 @@ namespace {
 
 using dlo::test::SharedDir;
 using dlo::test::world;
+
+// Groups as the product makes them on the CPU (collective: every rank calls it alike).
+std::unique_ptr<ExchangeGroup> split(int color) {
+  static const std::unique_ptr<ExchangeNetwork> net = make_exchange_network(world(), at::kCPU);
+  return net->split(color, "test groups");
+}
 
 WanTransformerConfig sp_config(std::int64_t heads) {
   auto c = WanTransformerConfig::preset("wan-test");
@@ -54,7 +61,7 @@ TEST_CASE("a group of P ranks computes one forward with Ulysses: equal to one ra
       runner.start(eo, is_sharded(s) && world().size() > 1 ? make_mpi_collective(world()) : nullptr);
       for (int p = 1; p <= world().size(); ++p) {
         CAPTURE(p);
-        const auto group = world().split(world().rank() / p);
+        const auto group = split(world().rank() / p);
         CHECK(group->size() == std::min(p, world().size() - world().rank() / p * p));
         // The group's own request (the same on its ranks): 3 x 6 x 6 latents -> 27 tokens; per
         // sample and, for TI2V, per token timesteps.
@@ -89,13 +96,13 @@ TEST_CASE("a group larger than the heads fails its own job by name, the other gr
   runner.start(eo, make_mpi_collective(world()));
   const at::Tensor x = at::randn({1, 4, 3, 6, 6}), t = at::tensor({300}, at::kLong), ctx = at::randn({1, 7, 16});
   {
-    const auto four = world().split(0);  // 4 ranks for 3 heads
+    const auto four = split(0);  // 4 ranks for 3 heads
     CHECK_THROWS_WITH_AS(runner.forward_group(*four, {{x, t, ctx}}),
                          doctest::Contains("sequence parallelism over the attention heads: 3 cannot be split into 4 parts"),
                          BlockComputeError);
   }
   // The engine is in step: a group of 3 (3 heads, one each) and a rank alone, at once.
-  const auto g = world().split(world().rank() < 3 ? 0 : 1);
+  const auto g = split(world().rank() < 3 ? 0 : 1);
   CHECK(at::equal(runner.forward_group(*g, {{x, t, ctx}})[0], reference.forward(x, t, ctx)));
 }
 
@@ -112,7 +119,7 @@ TEST_CASE("a rank of a group that fails in a block or in its embeddings fails th
   EngineOptions eo;
   eo.strategy = Strategy::kDlo;
   runner.start(eo, make_mpi_collective(world()));
-  const auto g = world().split(0);  // every rank, one group
+  const auto g = split(0);  // every rank, one group
   const at::Tensor x = at::randn({1, 4, 3, 6, 6}), t = at::tensor({300}, at::kLong), ctx = at::randn({1, 7, 16});
   // Rank 1 fails at block 1: its own message there, its partners name it and give its message.
   const auto hook = [](std::int64_t b) {
@@ -130,7 +137,7 @@ TEST_CASE("a rank of a group that fails in a block or in its embeddings fails th
   CHECK(at::equal(runner.forward_group(*g, {{x, t, ctx}})[0], reference.forward(x, t, ctx)));
   // CFG partners: the unconditional branch fails on its rank; both partners learn it.
   if (world().size() >= 4) {
-    const auto partners = world().split(world().rank() % 2);
+    const auto partners = split(world().rank() % 2);
     const bool uncond_rank = partners->rank() == 1;
     const at::Tensor misfit = at::randn({1, 7, 15});
     CHECK_THROWS_WITH_AS(runner.forward_cfg(*partners, nullptr, {{x, t, ctx}, {x, t, uncond_rank ? misfit : ctx}}),
@@ -151,7 +158,7 @@ TEST_CASE("a group's exchanges send the bytes Ulysses' formula gives, per block 
   EngineOptions eo;
   eo.strategy = Strategy::kDlo;
   runner.start(eo, world().size() > 1 ? make_mpi_collective(world()) : nullptr);
-  const auto g = world().split(0);  // every rank, one group
+  const auto g = split(0);  // every rank, one group
   const std::int64_t P = g->size(), r = g->rank();
   const at::Tensor x = at::randn({1, 4, 3, 6, 6}), t = at::tensor({300}, at::kLong), ctx = at::randn({1, 7, 16});
   const std::uint64_t before = g->bytes_sent();

@@ -3,11 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <cstddef>
-#include <cstring>
 #include <vector>
 
 #include "dlo/common/error.h"
-#include "dlo/mpi/mpi_world.h"
+#include "dlo/dist/exchange_group.h"
 
 namespace dlo {
 namespace {
@@ -15,13 +14,15 @@ namespace {
 std::size_t bytes_of(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
 
 // Sends piece j of `pieces` to group rank j; receives from rank i a tensor of shape shape_from(i)
-// (contiguous, x's dtype); returns the received pieces in rank order.
+// (contiguous, x's dtype: views into one received buffer); returns the received pieces in rank
+// order.
 template <typename ShapeFrom>
-std::vector<at::Tensor> exchange(const MpiGroup& g, const std::vector<at::Tensor>& pieces, const at::Tensor& like,
+std::vector<at::Tensor> exchange(const ExchangeGroup& g, const std::vector<at::Tensor>& pieces, const at::Tensor& like,
                                  ShapeFrom shape_from, const char* phase) {
   const auto n = static_cast<std::size_t>(g.size());
   DLO_ASSERT(pieces.size() == n, phase, ": ", pieces.size(), " pieces for ", n, " ranks");
-  DLO_ASSERT(like.is_cpu(), phase, ": the MPI exchange takes CPU tensors, got ", like.device().str());
+  DLO_ASSERT(like.device() == g.device(), phase, ": a group exchanging on ", g.device().str(), " got a tensor on ",
+             like.device().str());
   std::vector<at::Tensor> send;
   std::vector<std::size_t> send_bytes(n), send_offset(n), recv_bytes(n), recv_offset(n);
   std::size_t at = 0;
@@ -31,29 +32,35 @@ std::vector<at::Tensor> exchange(const MpiGroup& g, const std::vector<at::Tensor
     send_offset[j] = at;
     at += send_bytes[j];
   }
-  const at::Tensor send_buf = at::cat(send).contiguous();
-  std::vector<at::Tensor> recv;
+  const at::Tensor send_buf = at::cat(send).view(at::kByte).contiguous();
+  std::vector<std::vector<std::int64_t>> shapes;
   std::size_t total = 0;
+  const auto element = static_cast<std::size_t>(like.element_size());
   for (std::size_t i = 0; i < n; ++i) {
-    recv.push_back(at::empty(shape_from(static_cast<std::int64_t>(i)), like.options().memory_format(at::MemoryFormat::Contiguous)));
-    recv_bytes[i] = bytes_of(recv.back());
+    shapes.push_back(shape_from(static_cast<std::int64_t>(i)));
+    std::size_t elements = 1;
+    for (const auto d : shapes.back()) elements *= static_cast<std::size_t>(d);
+    recv_bytes[i] = elements * element;
     recv_offset[i] = total;
     total += recv_bytes[i];
   }
-  at::Tensor recv_buf = at::empty({static_cast<std::int64_t>(total)}, like.options().dtype(at::kByte));
-  g.alltoallv(send_buf.data_ptr(), send_bytes, send_offset, recv_buf.data_ptr(), recv_bytes, recv_offset, phase);
+  const at::Tensor recv_buf = at::empty({static_cast<std::int64_t>(total)}, like.options().dtype(at::kByte));
+  g.alltoallv(send_buf, send_bytes, send_offset, recv_buf, recv_bytes, recv_offset, phase);
+  std::vector<at::Tensor> recv;
   for (std::size_t i = 0; i < n; ++i)
-    std::memcpy(recv[i].data_ptr(), static_cast<const std::byte*>(recv_buf.data_ptr()) + recv_offset[i], recv_bytes[i]);
+    recv.push_back(recv_buf.narrow(0, static_cast<std::int64_t>(recv_offset[i]), static_cast<std::int64_t>(recv_bytes[i]))
+                       .view(like.scalar_type())
+                       .view(shapes[i]));
   return recv;
 }
 
-void check_group(const MpiGroup& g, const Partition& p, const char* what) {
+void check_group(const ExchangeGroup& g, const Partition& p, const char* what) {
   DLO_ASSERT(p.parts() == g.size(), what, " in ", p.parts(), " parts for a group of ", g.size());
 }
 
 }  // namespace
 
-at::Tensor seq_to_heads(const MpiGroup& g, const at::Tensor& x, const Partition& tokens, const Partition& heads) {
+at::Tensor seq_to_heads(const ExchangeGroup& g, const at::Tensor& x, const Partition& tokens, const Partition& heads) {
   check_group(g, tokens, "tokens");
   check_group(g, heads, "heads");
   DLO_ASSERT(x.dim() == 4 && x.size(1) == tokens.size[g.rank()] && x.size(2) == heads.total(), "seq_to_heads of ", x.sizes());
@@ -65,7 +72,7 @@ at::Tensor seq_to_heads(const MpiGroup& g, const at::Tensor& x, const Partition&
   return at::cat(from, 1);
 }
 
-at::Tensor heads_to_seq(const MpiGroup& g, const at::Tensor& o, const Partition& tokens, const Partition& heads) {
+at::Tensor heads_to_seq(const ExchangeGroup& g, const at::Tensor& o, const Partition& tokens, const Partition& heads) {
   check_group(g, tokens, "tokens");
   check_group(g, heads, "heads");
   DLO_ASSERT(o.dim() == 4 && o.size(1) == tokens.total() && o.size(2) == heads.size[g.rank()], "heads_to_seq of ", o.sizes());
@@ -77,7 +84,7 @@ at::Tensor heads_to_seq(const MpiGroup& g, const at::Tensor& o, const Partition&
   return at::cat(from, 2);
 }
 
-at::Tensor gather_tokens(const MpiGroup& g, const at::Tensor& h, const Partition& tokens) {
+at::Tensor gather_tokens(const ExchangeGroup& g, const at::Tensor& h, const Partition& tokens) {
   check_group(g, tokens, "tokens");
   DLO_ASSERT(h.dim() >= 2 && h.size(1) == tokens.size[g.rank()], "gather_tokens of ", h.sizes());
   const std::vector<at::Tensor> pieces(static_cast<std::size_t>(g.size()), h);
@@ -92,7 +99,7 @@ at::Tensor gather_tokens(const MpiGroup& g, const at::Tensor& h, const Partition
   return at::cat(from, 1);
 }
 
-std::vector<at::Tensor> gather_all(const MpiGroup& g, const at::Tensor& t) {
+std::vector<at::Tensor> gather_all(const ExchangeGroup& g, const at::Tensor& t) {
   const std::vector<at::Tensor> pieces(static_cast<std::size_t>(g.size()), t);
   return exchange(g, pieces, t, [&](std::int64_t) { return t.sizes().vec(); }, "CFG parallelism: exchanging predictions");
 }

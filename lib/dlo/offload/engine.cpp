@@ -6,7 +6,9 @@
 #include <array>
 #include <chrono>
 #include <exception>
+#include <random>
 #include <string>
+#include <thread>
 
 #include <ATen/ATen.h>
 
@@ -88,11 +90,12 @@ struct BlockEngine::Impl {
   std::array<std::int64_t, 2> slot_block{-1, -1};            // block requested into the slot
   std::array<bool, 2> in_use{false, false};
   int next_slot = 0;
+  std::mt19937_64 jitter;  // EngineOptions::jitter_us (a test hook)
 
   // Declared last and reset first (~Impl): transfers in flight end before the memory goes.
   std::unique_ptr<Transport> transport;
 
-  Impl(const StackPlan& p, const EngineOptions& o) : plan(p), opt(o), n(p.num_blocks()) {
+  Impl(const StackPlan& p, const EngineOptions& o) : plan(p), opt(o), n(p.num_blocks()), jitter(o.jitter_seed) {
     cuda = opt.device.is_cuda();
     stats.strategy = strategy_name(opt.strategy);
     if (opt.collective != nullptr) {
@@ -250,6 +253,9 @@ struct BlockEngine::Impl {
     t.bytes = p.bytes;
     t.gather_shard = p.gather_shard;
     t.fail = j == opt.fail_at_block;
+    if (opt.jitter_us > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(
+          std::uniform_int_distribution<std::int64_t>(0, opt.jitter_us)(jitter)));
     transport->request(t);
   }
 

@@ -66,6 +66,11 @@ struct EngineOptions {
   double gather_timeout_s = kDefaultGatherTimeoutS;
   // Test hook (the fault-injection test): throw while transferring this block. -1: never.
   std::int64_t fail_at_block = -1;
+  // Test hook (the GPU soak of gathers interleaved with sequence parallelism's exchanges): before
+  // a transfer is requested, pause a random 0..jitter_us microseconds (a generator seeded with
+  // jitter_seed), so the ranks issue gathers at shifting times relative to their exchanges. 0: never.
+  std::int64_t jitter_us = 0;
+  std::uint64_t jitter_seed = 0;
 };
 
 // What the engine did, as data (memory in bytes, time in seconds).

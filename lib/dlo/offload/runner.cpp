@@ -10,6 +10,7 @@
 #include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
 #include "dlo/common/partition.h"
+#include "dlo/dist/exchange_group.h"
 #include "dlo/dist/sequence_exchange.h"
 #include "dlo/mpi/mpi_world.h"
 #include "dlo/models/umt5.h"
@@ -162,9 +163,16 @@ namespace {
 // then the messages): "" when none did, else this rank's own failure, or the first failed rank's
 // message naming it (and any others that failed), so the record of the job says why whichever
 // rank of the group writes it. Messages are cut at 2000 bytes.
-std::string group_failure(const MpiGroup& group, const std::string& mine) {
+// On CUDA the messages travel through the device (the group's only transport there): two small
+// copies that wait for the group's stream.
+std::string group_failure(const ExchangeGroup& group, const std::string& mine) {
   const std::string text = mine.substr(0, 2000);
-  const auto lens = gather_all(group, at::tensor({static_cast<int>(text.size())}, at::kInt));
+  const auto on_host = [](std::vector<at::Tensor> v) {
+    for (auto& t : v) t = t.to(at::kCPU);
+    return v;
+  };
+  const auto lens =
+      on_host(gather_all(group, at::tensor({static_cast<int>(text.size())}, at::kInt).to(group.device())));
   int longest = 0;
   std::vector<int> failed;
   for (std::size_t r = 0; r < lens.size(); ++r) {
@@ -175,7 +183,7 @@ std::string group_failure(const MpiGroup& group, const std::string& mine) {
   if (failed.empty()) return "";
   at::Tensor bytes = at::zeros({longest}, at::kByte);
   std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  const auto all = gather_all(group, bytes);
+  const auto all = on_host(gather_all(group, bytes.to(group.device())));
   if (!mine.empty()) return mine;
   const int first = failed.front();
   const std::string why(static_cast<const char*>(all[static_cast<std::size_t>(first)].data_ptr()),
@@ -189,7 +197,7 @@ std::string group_failure(const MpiGroup& group, const std::string& mine) {
 
 }  // namespace
 
-std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
+std::vector<at::Tensor> WanOffloadRunner::forward_group(const ExchangeGroup& group, const std::vector<WanBranchInputs>& branches,
                                                         const std::vector<BlockEngine*>& pass,
                                                         const std::function<void(std::int64_t)>& before_block,
                                                         const std::string& inputs_failed) {
@@ -210,8 +218,8 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
       // of any rank, from the partitions every rank knows, so all refuse alike.
       const auto& h = full[0].h;
       const std::uint64_t whole = static_cast<std::uint64_t>(h.numel()) * h.element_size();  // [B, L, D]: every exchange's largest
-      DLO_CHECK(whole <= static_cast<std::uint64_t>(INT_MAX), "sequence parallelism: ", whole,
-                " bytes of hidden states exceed one MPI exchange (2 GiB)");
+      DLO_CHECK(whole <= group.max_exchange_bytes(), "sequence parallelism: ", whole,
+                " bytes of hidden states exceed one exchange of this transport (", group.max_exchange_bytes(), " bytes)");
     } catch (const std::exception& e) {
       failure = str("the transformer's input embeddings: ", describe_exception(e));
     }
@@ -284,7 +292,7 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const MpiGroup& group, c
   return out;
 }
 
-std::vector<at::Tensor> WanOffloadRunner::forward_cfg(const MpiGroup& partners, const MpiGroup* sp,
+std::vector<at::Tensor> WanOffloadRunner::forward_cfg(const ExchangeGroup& partners, const ExchangeGroup* sp,
                                                       const std::vector<WanBranchInputs>& branches,
                                                       const std::vector<BlockEngine*>& pass,
                                                       const std::function<void(std::int64_t)>& before_block,

@@ -20,7 +20,7 @@ namespace dlo {
 
 class MpiWorld;
 class Collective;
-class MpiGroup;
+class ExchangeGroup;
 class WanTransformer;
 class Umt5Encoder;
 
@@ -80,7 +80,7 @@ class WanOffloadRunner : public OffloadStack {
   // gather that does not. One group of size 1 is forward(). `before_block`: as forward()'s.
   // `inputs_failed`: this rank could not make its inputs (the reason): it computes nothing, and
   // the group fails the forward with that reason, in step.
-  std::vector<at::Tensor> forward_group(const MpiGroup& group, const std::vector<WanBranchInputs>& branches,
+  std::vector<at::Tensor> forward_group(const ExchangeGroup& group, const std::vector<WanBranchInputs>& branches,
                                         const std::vector<BlockEngine*>& pass = {},
                                         const std::function<void(std::int64_t block)>& before_block = {},
                                         const std::string& inputs_failed = {});
@@ -91,7 +91,7 @@ class WanOffloadRunner : public OffloadStack {
   // Collective over the partners (and sp). branches.size() == partners.size(). A branch that
   // fails fails the forward on every partner (BlockComputeError), after the pass, without waits.
   // `before_block`, `inputs_failed`: as forward_group's, on each partner's own branch.
-  std::vector<at::Tensor> forward_cfg(const MpiGroup& partners, const MpiGroup* sp, const std::vector<WanBranchInputs>& branches,
+  std::vector<at::Tensor> forward_cfg(const ExchangeGroup& partners, const ExchangeGroup* sp, const std::vector<WanBranchInputs>& branches,
                                       const std::vector<BlockEngine*>& pass = {},
                                       const std::function<void(std::int64_t block)>& before_block = {},
                                       const std::string& inputs_failed = {});

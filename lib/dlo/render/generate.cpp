@@ -17,6 +17,7 @@
 #include "dlo/common/memory.h"
 #include "dlo/common/settings.h"
 #include "dlo/dist/device.h"
+#include "dlo/dist/exchange_group.h"
 #include "dlo/models/tensor_view.h"
 #include "dlo/models/torch_errors.h"
 #include "dlo/models/umt5.h"
@@ -144,7 +145,7 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
 
 // The batch's topology over the jobs that fit (every rank computes the same from the same input).
 Topology batch_topology(const ModelInfo& model, const std::vector<BatchJob>& jobs, const BatchMemoryPlan& memory,
-                        int ranks, const GenerateOptions& o, const c10::Device& device) {
+                        int ranks, const GenerateOptions& o) {
   TopologyLimits l;
   l.ranks = ranks;
   l.heads = 1 << 30;
@@ -159,9 +160,6 @@ Topology batch_topology(const ModelInfo& model, const std::vector<BatchJob>& job
     l.guided.push_back(j.guided());
     l.tokens.push_back(wan_tokens(configs.front(), shape[2], shape[3], shape[4]));
   }
-  l.groups_supported = device.is_cpu();
-  l.unsupported_why = "sequence and CFG parallelism run on the CPU for now (their exchange over NCCL is not built "
-                      "yet); use --device cpu";
   return choose_topology(o.topology, l);
 }
 
@@ -276,7 +274,7 @@ class BatchRun {
   void form_groups() {
     std::string error;
     try {
-      topo_ = batch_topology(model_, jobs_, memory_, ranks_, o_, dev_.device);
+      topo_ = batch_topology(model_, jobs_, memory_, ranks_, o_);
     } catch (const Error& e) {
       error = e.what();
     }
@@ -291,11 +289,13 @@ class BatchRun {
     slot_ = me_ / P;
     leader_ = slot_ * P;
     if (P == 1) return;
-    group_ = world_.split(slot_, "job groups");
+    // Collective: every rank makes the network (on CUDA, one NCCL communicator for activations).
+    net_ = make_exchange_network(world_, dev_.device);
+    group_ = net_->split(slot_, "job groups");
     if (topo_.cfg) {
       const int half = P / 2, at = me_ - leader_;
-      half_ = world_.split(slot_ * 2 + at / half, "job groups' CFG halves");
-      partners_ = world_.split(slot_ * half + at % half, "CFG partners");
+      half_ = net_->split(slot_ * 2 + at / half, "job groups' CFG halves");
+      partners_ = net_->split(slot_ * half + at % half, "CFG partners");
     }
     for (int r = leader_; r < leader_ + P; ++r) group_ranks_.push_back(r);
   }
@@ -748,7 +748,8 @@ class BatchRun {
   Topology topo_;
   int slot_ = 0, leader_ = 0;        // this rank's group (the scheduler's rank) and its first rank
   std::vector<int> group_ranks_;     // the group's ranks (empty: no groups)
-  std::unique_ptr<MpiGroup> group_, half_, partners_;  // the group, its CFG half, the CFG partners
+  std::unique_ptr<ExchangeNetwork> net_;                     // what the groups are made from (declared first: outlives them)
+  std::unique_ptr<ExchangeGroup> group_, half_, partners_;  // the group, its CFG half, the CFG partners
   std::unique_ptr<JobScheduler> scheduler_;
   std::int64_t scheduler_pass_ = 0;
   GenerateReport report_;
@@ -797,7 +798,7 @@ RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std:
   p.memory = agree_memory_plan(world, model, jobs, o, dev, join_stacks(sizes));
   std::string error;
   try {
-    p.topology = batch_topology(model, jobs, p.memory, world.size(), o, dev.device);
+    p.topology = batch_topology(model, jobs, p.memory, world.size(), o);
   } catch (const Error& e) {
     error = e.what();
   }

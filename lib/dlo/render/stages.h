@@ -29,7 +29,7 @@
 namespace dlo {
 
 class BlockEngine;
-class MpiGroup;
+class ExchangeGroup;
 class PromptEncoder;
 class WanOffloadRunner;
 class WanVae;
@@ -117,9 +117,9 @@ using BlockHook = std::function<void(std::int64_t step, std::int64_t block)>;
 // with the same latents; a failure anywhere in the group (the step's inputs included) fails the
 // step on every rank of it, without leaving a partner waiting.
 struct StepGroups {
-  const MpiGroup* group = nullptr;     // all the job's ranks (nullptr: this rank alone)
-  const MpiGroup* half = nullptr;      // CFG: this rank's half of the group (nullptr: one rank)
-  const MpiGroup* partners = nullptr;  // CFG: this rank and its partner in the other half
+  const ExchangeGroup* group = nullptr;     // all the job's ranks (nullptr: this rank alone)
+  const ExchangeGroup* half = nullptr;      // CFG: this rank's half of the group (nullptr: one rank)
+  const ExchangeGroup* partners = nullptr;  // CFG: this rank and its partner in the other half
 };
 void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, const BlockHook& hook = {},
                   const std::vector<BlockEngine*>& pass = {}, const StepGroups& groups = {});
