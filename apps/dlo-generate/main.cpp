@@ -4,7 +4,7 @@
 //   [mpirun -np N] dlo-generate --jobs prompts.yaml|prompts.txt [--model DIR] [--output-dir DIR]
 //       [job flags] [--force] [--dry-run] [--save-latents FILE.h5] [--quiet]
 //   job flags: one per job field (docs/manifest.md; --help lists them)
-//   run flags: --dtype --vae-dtype --offload --device-budget --device --sp --cfg-parallel --threads --report
+//   run flags: --dtype --vae-dtype --offload --device-budget --device --text-vae-device --sp --cfg-parallel --threads --report
 //
 // One prompt: every rank keeps 1/N of the transformer's blocks; by default all of them compute
 // it together (CFG pairs, then sequence parallelism: --sp, --cfg-parallel), rank 0 writes it. A batch: every rank
@@ -67,6 +67,8 @@ cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
       "blocks' shards on the device as fit). Default: the device's free memory", cxxopts::value<std::string>())(
       "device", "auto, cpu, cuda or cuda:N (default: local rank modulo visible GPUs)",
       cxxopts::value<std::string>()->default_value("auto"))(
+      "text-vae-device", "with the transformer on CUDA, where the text encoder and the VAE run: auto (the GPU when "
+      "that leaves the transformer's strategy as it is), cuda or cpu", cxxopts::value<std::string>()->default_value("auto"))(
       "threads", "CPU threads per rank (0: the cores divided among this node's ranks)",
       cxxopts::value<std::string>()->default_value("0"))(
       "report", "write the results and every rank's engine and memory facts as JSON (rank 0)",
@@ -118,6 +120,7 @@ dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
   if (a.count("device-budget")) go.device_budget = dlo::parse_bytes(a["device-budget"].as<std::string>(), "--device-budget");
   if (const char* id = std::getenv("NCCL_HOSTID")) go.host_id = id;
   go.device = a["device"].as<std::string>();
+  go.text_vae = dlo::parse_aux_placement(a["text-vae-device"].as<std::string>(), "--text-vae-device");
   go.keep_page_cache = a.count("keep-page-cache") > 0;
   go.align_experts = a.count("no-expert-alignment") == 0;
   go.topology.sp = dlo::parse_sp(a["sp"].as<std::string>(), "--sp");

@@ -187,3 +187,56 @@ TEST_CASE("a saturated figure never fits, whatever the budget (no wrap-around)")
   CHECK(job_memory_problem({Strategy::kResident, 0, ""}, stack, j, gpu(kSaturated - 1, kSaturated - 1)) != "");
   CHECK_THROWS_AS(choose_strategy("auto", stack, kSaturated, gpu(1000 * GB, 1000 * GB)), dlo::Error);
 }
+
+TEST_CASE("the text encoder and the VAE on the device: bytes by hand, auto only where the transformer's strategy stays") {
+  // UMT5-XXL by hand: per layer q, k, v, o 4 x 4096^2, wi_0, wi_1, wo 3 x 10240 x 4096, two norms
+  // 2 x 4096 and a relative bias 32 x 64; 24 layers, the shared embedding 256384 x 4096 and the
+  // final norm: 5,680,910,336 weights, 11.36 GB in bf16 (Wan's text encoder). fp16 keeps wo in fp32.
+  const Umt5Config xxl = Umt5Config::preset("umt5-xxl");
+  const std::uint64_t per_layer = 4ull * 4096 * 4096 + 3ull * 10240 * 4096 + 2 * 4096 + 32 * 64;
+  const std::uint64_t weights = 24 * per_layer + 256384ull * 4096 + 4096;
+  CHECK(weights == 5680910336ull);
+  CHECK(text_encoder_device_bytes(xxl, at::kBFloat16) == 2 * weights);
+  CHECK(text_encoder_device_bytes(xxl, at::kHalf) == 2 * weights + 2 * 24ull * 10240 * 4096);
+  const WanVaeConfig vae = WanVaeConfig::preset("wan2.1-vae");
+  CHECK(vae_decoder_device_bytes(vae, at::kFloat) == 2 * vae_decoder_device_bytes(vae, at::kBFloat16));
+
+  const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
+  ModelInfo m = info_of(c);
+  m.text_encoder = xxl;
+  const StackSize stack = config_stack_size(c, at::kBFloat16, 1);
+  const std::vector<JobSpec> jobs = {job(480, 832, 81)};
+  const JobMemory j = job_memory(m, jobs[0], at::kBFloat16);
+  const std::uint64_t aux = text_encoder_device_bytes(xxl, at::kBFloat16) + vae_decoder_device_bytes(vae, at::kFloat) + j.decode;
+  // 80 GB: resident with them on the device; the plan says so and where they go.
+  const BatchMemoryPlan roomy = plan_batch_memory(m, jobs, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 0,
+                                                  AuxPlacement::kAuto, at::kFloat);
+  CHECK(roomy.choice.strategy == Strategy::kResident);
+  CHECK(roomy.aux_on_device);
+  CHECK(roomy.text_encoder_device == 2 * weights);
+  CHECK_MESSAGE(roomy.aux_why.find("on the device: they fit beside the transformer's resident") != std::string::npos,
+                roomy.aux_why);
+  CHECK(roomy.describe().find("10.6 GiB on the device") != std::string::npos);
+  // The host alone: the same choice, nothing on the device.
+  const BatchMemoryPlan host = plan_batch_memory(m, jobs, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 0);
+  CHECK_FALSE(host.aux_on_device);
+  CHECK(host.aux_why.empty());
+  // A device where resident fits only without them: auto keeps them on the host (the
+  // transformer's placement first); cuda takes the device and the transformer streams.
+  const std::uint64_t resident_needs = with_margin(stack.total() + stack.resident_bytes + j.working);
+  const std::uint64_t tight_device = resident_needs + aux - GB / 2;
+  const BatchMemoryPlan tight = plan_batch_memory(m, jobs, "auto", stack, gpu(tight_device, 200 * GB), at::kBFloat16,
+                                                  0, AuxPlacement::kAuto, at::kFloat);
+  CHECK(tight.choice.strategy == Strategy::kResident);
+  CHECK_FALSE(tight.aux_on_device);
+  CHECK_MESSAGE(tight.aux_why.find("on the host: on the device they would leave the transformer ") != std::string::npos,
+                tight.aux_why);
+  const BatchMemoryPlan forced = plan_batch_memory(m, jobs, "auto", stack, gpu(tight_device, 200 * GB), at::kBFloat16,
+                                                   0, AuxPlacement::kDevice, at::kFloat);
+  CHECK(forced.aux_on_device);
+  CHECK(forced.choice.strategy != Strategy::kResident);
+  // A device with room for them alone: cuda is refused with the figures.
+  CHECK_THROWS_WITH(plan_batch_memory(m, jobs, "auto", stack, gpu(aux, 200 * GB), at::kBFloat16, 0, AuxPlacement::kDevice,
+                                      at::kFloat),
+                    doctest::Contains("--text-vae-device cuda: the text encoder (10.6 GiB) and the VAE ("));
+}

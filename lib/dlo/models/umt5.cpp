@@ -237,8 +237,21 @@ Umt5ForwardState Umt5Encoder::begin(const at::Tensor& input_ids, const at::Tenso
   const at::Tensor memory = at::arange(L, at::kLong).unsqueeze(0);
   s.bucket = umt5_relative_position_bucket(memory - context, c.relative_attention_num_buckets,
                                            c.relative_attention_max_distance);
-  s.h = at::embedding(global_.shared, ids).to(compute_);
+  if (!device_.is_cpu()) {  // the small inputs to the device once, not per block
+    s.bucket = s.bucket.to(device_);
+    if (s.key_mask.defined()) s.key_mask = keep.to(device_).view({B, 1, 1, L}).expand({B, 1, L, L});
+  }
+  s.h = at::embedding(global_.shared, ids.to(global_.shared.device())).to(compute_);
   return s;
+}
+
+void Umt5Encoder::to_device(at::Device device) {
+  if (device == device_) return;
+  for (at::Tensor* t : {&global_.shared, &global_.final_norm}) *t = t->to(device);
+  for (auto& b : blocks_)
+    for (at::Tensor* t : {&b.ln1, &b.q, &b.k, &b.v, &b.o, &b.rel_bias, &b.ln2, &b.wi_0, &b.wi_1, &b.wo})
+      if (t->defined()) *t = t->to(device);
+  device_ = device;
 }
 
 at::Tensor Umt5Encoder::final_norm(const Umt5ForwardState& s) const {

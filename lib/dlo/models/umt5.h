@@ -81,6 +81,11 @@ class Umt5Encoder {
   const Umt5Config& config() const { return config_; }
   at::ScalarType compute_dtype() const { return compute_; }
   const WeightStore& weights() const { return store_; }
+  // Moves the weights (the embedding table, the final norm and every loaded block) to `device`:
+  // begin() then embeds there and puts the attention bias inputs there, so the whole forward runs
+  // on the device. The copies are private memory (no longer the checkpoint's pages).
+  void to_device(at::Device device);
+  at::Device device() const { return device_; }
 
   // Validates inputs (naming the bad one) and embeds. input_ids: [B, L] integer, values in
   // [0, vocab_size); attention_mask: [B, L] of 0/1 (integer or bool), or undefined for all ones.
@@ -106,6 +111,7 @@ class Umt5Encoder {
   Umt5Config config_;
   WeightStore store_;
   at::ScalarType compute_;
+  at::Device device_ = at::kCPU;
   Umt5GlobalWeights global_;
   std::vector<Umt5BlockWeights> blocks_;
 };

@@ -272,20 +272,20 @@ void WanVae::check_latents(const at::Tensor& z) const {
 at::Tensor WanVae::denormalize(const at::Tensor& latents_in) const {
   check_latents(latents_in);
   const auto& c = config_;
-  const at::Tensor latents = latents_in.to(compute_);
+  const at::Tensor latents = latents_in.to(device_, compute_);
   // torch.tensor(list of Python floats) is float32; then .view(1, z, 1, 1, 1).to(dtype).
   std::vector<float> mean(c.latents_mean.begin(), c.latents_mean.end());
   std::vector<float> std_(c.latents_std.begin(), c.latents_std.end());
-  const at::Tensor m = at::tensor(mean).view({1, c.z_dim, 1, 1, 1}).to(compute_);
+  const at::Tensor m = at::tensor(mean).view({1, c.z_dim, 1, 1, 1}).to(device_, compute_);
   // `1.0 / std` is std.reciprocal() * 1.0 in torch, in the VAE's dtype (the * 1.0 is exact).
-  const at::Tensor inv_std = at::reciprocal(at::tensor(std_).view({1, c.z_dim, 1, 1, 1}).to(compute_));
+  const at::Tensor inv_std = at::reciprocal(at::tensor(std_).view({1, c.z_dim, 1, 1, 1}).to(device_, compute_));
   return latents / inv_std + m;
 }
 
 void WanVae::decode_frames(const at::Tensor& z_in,
                            const std::function<void(std::int64_t, const at::Tensor&)>& sink) const {
   check_latents(z_in);
-  const at::Tensor z = z_in.to(compute_);
+  const at::Tensor z = z_in.to(device_, compute_);
   const at::Tensor x = wan_causal_conv3d(z, w_.post_quant_conv, {0, 0, 0});
   WanVaeDecodeState st;
   std::int64_t frame = 0;
@@ -295,6 +295,39 @@ void WanVae::decode_frames(const at::Tensor& z_in,
     sink(frame, out);
     frame += out.size(2);
   }
+}
+
+void WanVae::to_device(at::Device device) {
+  if (device == device_) return;
+  const auto move = [&](at::Tensor& t) {
+    if (t.defined()) t = t.to(device);
+  };
+  const auto conv = [&](WanVaeConv& c) {
+    move(c.w);
+    move(c.b);
+  };
+  const auto res = [&](WanVaeResBlockWeights& r) {
+    move(r.norm1);
+    move(r.norm2);
+    conv(r.conv1);
+    conv(r.conv2);
+    conv(r.shortcut);
+  };
+  conv(w_.post_quant_conv);
+  conv(w_.conv_in);
+  res(w_.mid_res0);
+  res(w_.mid_res1);
+  move(w_.mid_attn.norm);
+  conv(w_.mid_attn.to_qkv);
+  conv(w_.mid_attn.proj);
+  for (auto& u : w_.up_blocks) {
+    for (auto& r : u.resnets) res(r);
+    conv(u.resample);
+    conv(u.time_conv);
+  }
+  move(w_.norm_out);
+  conv(w_.conv_out);
+  device_ = device;
 }
 
 at::Tensor WanVae::decode(const at::Tensor& z) const {

@@ -121,6 +121,10 @@ class WanVae {
   at::ScalarType compute_dtype() const { return compute_; }
   const WeightStore& weights() const { return store_; }
   const WanVaeDecoderWeights& decoder() const { return w_; }
+  // Moves the decoder's weights to `device`: decode and decode_frames then run there (latents on
+  // any device are moved first); the frames they hand out are on `device`.
+  void to_device(at::Device device);
+  at::Device device() const { return device_; }
 
   // WanPipeline's de-normalisation: latents.to(dtype) / (1 / latents_std) + latents_mean, in the
   // VAE's dtype. latents: [B, z_dim, F, H, W] as the transformer outputs them.
@@ -143,6 +147,7 @@ class WanVae {
   WanVaeConfig config_;
   WeightStore store_;
   at::ScalarType compute_;
+  at::Device device_ = at::kCPU;
   WanVaeDecoderWeights w_;
 };
 

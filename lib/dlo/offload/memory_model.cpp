@@ -10,6 +10,7 @@
 #include "dlo/common/checked.h"
 #include "dlo/common/error.h"
 #include "dlo/models/tensor_view.h"
+#include "dlo/models/umt5.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/offload/stack_plan.h"
 
@@ -106,6 +107,33 @@ JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType 
   const std::uint64_t context = sat_mul(sat_product({512, model.transformer.text_dim}), dtype_size(packed(dtype)));
   m.held = sat_add(sat_mul(latent, 4), sat_mul(context, job.guided() ? 2 : 1));
   return m;
+}
+
+AuxPlacement parse_aux_placement(const std::string& name, const std::string& what) {
+  if (name == "auto") return AuxPlacement::kAuto;
+  if (name == "cpu") return AuxPlacement::kHost;
+  if (name == "cuda") return AuxPlacement::kDevice;
+  DLO_CHECK(false, what, ": '", name, "' is not auto, cpu or cuda");
+}
+
+std::uint64_t text_encoder_device_bytes(const Umt5Config& c, at::ScalarType dtype) {
+  std::uint64_t total = 0;
+  for (const auto& spec : umt5_encoder_specs(c, DType::F32)) {
+    std::uint64_t numel = 1;
+    for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
+    total = sat_add(total, sat_mul(numel, dtype_size(packed(umt5_weight_dtype(spec.name, dtype)))));
+  }
+  return total;
+}
+
+std::uint64_t vae_decoder_device_bytes(const WanVaeConfig& c, at::ScalarType vae_dtype) {
+  std::uint64_t total = 0;
+  for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/false)) {
+    std::uint64_t numel = 1;
+    for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
+    total = sat_add(total, sat_mul(numel, dtype_size(packed(vae_dtype))));
+  }
+  return total;
 }
 
 std::uint64_t wan_non_block_bytes(const WanTransformerConfig& c, at::ScalarType dtype) {
@@ -215,7 +243,7 @@ void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemo
 
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
                                   const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
-                                  at::ScalarType dtype, int jobs_held) {
+                                  at::ScalarType dtype, int jobs_held, AuxPlacement aux, at::ScalarType vae_dtype) {
   BatchMemoryPlan p;
   std::vector<JobMemory> mem;
   for (const auto& j : jobs) mem.push_back(job_memory(model, j, dtype));
@@ -237,6 +265,52 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
     choose_for_jobs(jobs, mem, requested, stack, budget, p);
   }
 
+  // The text encoder and the VAE: on the device if asked, or (auto) if the transformer's choice
+  // stays the same with the device budget less their weights and the largest decode.
+  if (aux != AuxPlacement::kHost) {
+    DLO_ASSERT(!budget.device_is_host, "the text encoder and the VAE on a device, but the budget has none");
+    std::uint64_t decode = 0;
+    for (std::size_t i = 0; i < jobs.size(); ++i)
+      if (std::find(p.refused.begin(), p.refused.end(), static_cast<std::int64_t>(i)) == p.refused.end())
+        decode = std::max(decode, mem[i].decode);
+    const std::uint64_t te = text_encoder_device_bytes(model.text_encoder, dtype);
+    const std::uint64_t vae = vae_decoder_device_bytes(model.vae, vae_dtype);
+    const std::uint64_t need = sat_add(sat_add(te, vae), decode);
+    const std::string what = str("the text encoder (", human_bytes(te), ") and the VAE (", human_bytes(vae),
+                                 ", its largest decode ", human_bytes(decode), ")");
+    MemoryBudget less = budget;
+    less.device = budget.device > need ? budget.device - need : 1;  // (0 would read as "not known")
+    less.device_why = str(budget.device_why, ", less ", human_bytes(need), " for the text encoder and the VAE");
+    BatchMemoryPlan q = p;
+    std::string error;
+    try {
+      choose_for_jobs(jobs, mem, requested, stack, less, q);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    const bool same = error.empty() && q.choice.strategy == p.choice.strategy &&
+                      q.choice.device_blocks == p.choice.device_blocks && q.refused == p.refused;
+    if (aux == AuxPlacement::kDevice) {
+      DLO_CHECK(error.empty(), "--text-vae-device cuda: ", what, " do not fit on the device beside the transformer: ", error);
+      p.choice = q.choice;
+      p.working = q.working;
+      p.refused = q.refused;
+      p.refused_why = q.refused_why;
+      p.aux_why = str(what, " on the device (requested)");
+    } else if (same) {
+      p.aux_why = str(what, " on the device: they fit beside the transformer's ", strategy_name(p.choice.strategy));
+    } else {
+      p.aux_why = str(what, " on the host: on the device they would leave the transformer ",
+                      error.empty() ? str(strategy_name(q.choice.strategy), " instead of ", strategy_name(p.choice.strategy))
+                                    : str("no room (", error, ")"));
+    }
+    if (aux == AuxPlacement::kDevice || same) {
+      p.aux_on_device = true;
+      p.text_encoder_device = te;
+      p.vae_device = vae;
+    }
+  }
+
   const Kept k = kept_by(p.choice, stack);
   p.blocks_bytes = stack.total();
   p.experts = stack.stacks();
@@ -254,7 +328,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
   p.working = working;
   p.text_encoder = safetensors_bytes_in(model.dir + "/text_encoder");
   p.vae = safetensors_bytes_in(model.dir + "/vae");
-  p.host_per_rank = sat_add(sat_add(p.kept_per_rank, p.decode),
+  p.host_per_rank = sat_add(sat_add(p.kept_per_rank, p.aux_on_device ? 0 : p.decode),
                             budget.device_is_host ? sat_add(sat_add(sat_add(p.device_shards, p.slots), working), p.resident)
                                                   : 0);
   p.shared_per_node = sat_add(sat_add(p.text_encoder, p.vae),
@@ -275,9 +349,13 @@ std::string BatchMemoryPlan::describe() const {
                       "  working (largest)    ", human_bytes(working), " per denoising step",
                       held > 0 ? str(" (", human_bytes(held), " of it the ", jobs_held, " other job(s) a rank holds: latents, prompts)")
                                : std::string(), "\n",
-                      "  VAE decode (est.)    ", human_bytes(decode), "\n",
-                      "  text encoder         ", human_bytes(text_encoder), " (mmap, shared by a node's ranks)\n",
-                      "  VAE weights          ", human_bytes(vae), "\n",
+                      "  VAE decode (est.)    ", human_bytes(decode), aux_on_device ? " on the device" : " on the host", "\n",
+                      "  text encoder         ", human_bytes(text_encoder),
+                      aux_on_device ? str(" checkpoint; ", human_bytes(text_encoder_device), " on the device")
+                                    : std::string(" (mmap, shared by a node's ranks)"), "\n",
+                      "  VAE weights          ", human_bytes(vae),
+                      aux_on_device ? str(" checkpoint; ", human_bytes(vae_device), " on the device") : std::string(), "\n",
+                      aux_why.empty() ? std::string() : str("  text encoder, VAE    ", aux_why, "\n"),
                       "  private per rank     ", human_bytes(host_per_rank), "; shared per node ",
                       human_bytes(shared_per_node));
   for (std::size_t i = 0; i < refused.size(); ++i) s += str("\n  job ", refused[i], " does not fit: ", refused_why[i]);

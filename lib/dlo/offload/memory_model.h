@@ -13,6 +13,8 @@
 #include <ATen/core/Tensor.h>
 
 #include "dlo/config/job.h"
+#include "dlo/config/umt5_config.h"
+#include "dlo/config/wan_vae_config.h"
 #include "dlo/offload/strategy.h"
 
 namespace dlo {
@@ -40,6 +42,19 @@ StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype,
 // projection, output head) in the dtypes it computes them in: what every rank keeps on its device.
 std::uint64_t wan_non_block_bytes(const WanTransformerConfig& c, at::ScalarType dtype);
 
+// Where the text encoder and the VAE run when the transformer runs on a CUDA device.
+enum class AuxPlacement {
+  kHost,    // the CPU: their weights the checkpoints' mmap pages, the decode in host memory
+  kDevice,  // the job's device: their weights and the largest decode counted in its budget
+  kAuto,    // the device when that leaves the transformer's strategy as it is, else the host
+};
+// "auto", "cpu", "cuda" -> placement; dlo::Error naming `what` otherwise.
+AuxPlacement parse_aux_placement(const std::string& name, const std::string& what);
+// What the text encoder takes on a device in `dtype` (every weight, the embedding table counted
+// in `dtype` too), and the VAE's decoder in `vae_dtype`: from the configs.
+std::uint64_t text_encoder_device_bytes(const Umt5Config& c, at::ScalarType dtype);
+std::uint64_t vae_decoder_device_bytes(const WanVaeConfig& c, at::ScalarType vae_dtype);
+
 // Whether one job can run next to the weights with a strategy already chosen; "" when it fits,
 // else why not, with the figures. The same rule choose_strategy applies when it chooses.
 std::string job_memory_problem(const StrategyChoice& choice, const StackSize& stack, const JobMemory& job,
@@ -64,6 +79,12 @@ struct BatchMemoryPlan {
   std::uint64_t decode = 0;           // the largest VAE decode
   std::uint64_t text_encoder = 0;     // its checkpoint (mmap pages, shared by a node's ranks)
   std::uint64_t vae = 0;              // its checkpoint
+  // The text encoder and the VAE on the job's device (AuxPlacement) and why; their weights there
+  // (text_encoder_device, vae_device; 0 when on the host). The largest decode is then on the
+  // device too (decode).
+  bool aux_on_device = false;
+  std::string aux_why;
+  std::uint64_t text_encoder_device = 0, vae_device = 0;
   std::uint64_t host_per_rank = 0;    // private host memory of one rank (CPU: working included)
   std::uint64_t shared_per_node = 0;  // page cache the node's ranks share (checkpoints read)
   std::string describe() const;       // one line per figure, human units
@@ -79,8 +100,14 @@ struct BatchMemoryPlan {
 // working memory. Throws
 // dlo::Error when no job fits at all, or when a requested strategy cannot fit its weights, with
 // the figures.
+// `aux`, `vae_dtype`: where the text encoder (in `dtype`) and the VAE (in `vae_dtype`) run;
+// anything but kHost needs a device (not budget.device_is_host). kDevice that cannot fit beside
+// the transformer's weights and the jobs throws dlo::Error with the figures; kAuto then keeps
+// them on the host, and so it does when the device would take them only with a more offloaded
+// strategy for the transformer (its placement comes first).
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
                                   const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
-                                  at::ScalarType dtype, int jobs_held);
+                                  at::ScalarType dtype, int jobs_held, AuxPlacement aux = AuxPlacement::kHost,
+                                  at::ScalarType vae_dtype = at::kFloat);
 
 }  // namespace dlo

@@ -132,10 +132,13 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
   BatchMemoryPlan plan;
   std::string error;
   try {
+    DLO_CHECK(o.text_vae != AuxPlacement::kDevice || dev.device.is_cuda(),
+              "--text-vae-device cuda: the transformer runs on ", dev.device.str(), ", not on a CUDA device");
     // Beside its job a rank holds the next one, prepared, and with two experts aligned up to
     // kMaxParked parked ones (generate's parked_).
     const int held = 1 + (model.two_experts() && o.align_experts ? kMaxParked : 0);
-    plan = plan_batch_memory(model, specs, o.offload, stack, budget, o.dtype, held);
+    plan = plan_batch_memory(model, specs, o.offload, stack, budget, o.dtype, held,
+                             dev.device.is_cuda() ? o.text_vae : AuxPlacement::kHost, o.vae_dtype);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -235,7 +238,8 @@ class BatchRun {
                          dev_.device.str(), "; ", ranks_, " rank(s)",
                          runners_.size() > 1 ? str("; ", runners_.size(), " experts, each rank holding its share of both")
                                              : std::string(),
-                         "; topology: ", topo_.reason);
+                         "; topology: ", topo_.reason,
+                         memory_.aux_why.empty() ? std::string() : str("; ", memory_.aux_why));
     // A job that does not fit fails alone, recorded by rank 0, before anything is prepared for it.
     std::vector<std::int64_t> steps, high_steps;
     for (std::size_t i = 0; i < jobs_.size(); ++i) {
@@ -338,7 +342,9 @@ class BatchRun {
     text_worker_.post([this, run, ready] {
       const auto t0 = Clock::now();
       try {
-        if (!text_) text_.emplace(model_.dir, o_.dtype);
+        // On the job's device when the plan says so (its kernels on this thread's stream, the
+        // device's default one, in order with the denoising kernels; the host work overlaps).
+        if (!text_) text_.emplace(model_.dir, o_.dtype, memory_.aux_on_device ? dev_.device : at::Device(at::kCPU));
         prepare_job(*run, *text_, model_, o_.dtype, dev_.device);
       } catch (const std::exception& e) {
         run->fail(describe_exception(e));
@@ -359,7 +365,10 @@ class BatchRun {
     decode_worker_.post([this, run] {
       if (o_.faults.decode_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.faults.decode_delay_ms));
       try {
-        if (!vae_) vae_.emplace(WanVae::load(model_.dir + "/vae", o_.vae_dtype));
+        if (!vae_) {
+          vae_.emplace(WanVae::load(model_.dir + "/vae", o_.vae_dtype));
+          if (memory_.aux_on_device) vae_->to_device(dev_.device);
+        }
         finish_job(*run, *vae_, model_, cb_.open_sink, cb_.save_latents);
       } catch (const std::exception& e) {
         run->fail(str("loading the VAE: ", describe_exception(e)));

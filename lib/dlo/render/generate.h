@@ -68,6 +68,9 @@ struct GenerateOptions {
   at::ScalarType vae_dtype = at::kFloat;     // diffusers recommends (and Wan ships) an fp32 VAE
   std::string offload = "auto";              // auto or a strategy name (strategy_name)
   std::string device = "auto";               // auto | cpu | cuda | cuda:N
+  // Where the text encoder and the VAE run when the transformer runs on CUDA (memory_model.h):
+  // auto (the device when the transformer's strategy stays the same), the device, or the CPU.
+  AuxPlacement text_vae = AuxPlacement::kAuto;
   // Device memory each rank may use (auto's budget; mixed: blocks kept on the device). Unset: the
   // device's free memory (CPU: the host's, as the page cache).
   std::optional<std::uint64_t> device_budget;

@@ -6,9 +6,11 @@
 
 namespace dlo {
 
-PromptEncoder::PromptEncoder(const std::string& model_dir, at::ScalarType dtype)
+PromptEncoder::PromptEncoder(const std::string& model_dir, at::ScalarType dtype, at::Device device)
     : tokenizer_(T5Tokenizer::load(model_dir + "/tokenizer")),
-      encoder_(Umt5Encoder::load(model_dir + "/text_encoder", dtype)) {}
+      encoder_(Umt5Encoder::load(model_dir + "/text_encoder", dtype)) {
+  encoder_.to_device(device);
+}
 
 at::Tensor PromptEncoder::encode(const std::string& prompt, std::int64_t max_sequence_length) const {
   const TokenizedBatch b = tokenizer_.encode_prompts({prompt}, max_sequence_length);

@@ -14,13 +14,14 @@ namespace dlo {
 
 class PromptEncoder {
  public:
-  // Loads `model_dir`/tokenizer and `model_dir`/text_encoder (weights stay the checkpoint's mmap
-  // pages where the dtype allows: one copy per node however many ranks encode). Throws dlo::Error
-  // naming the folder.
-  PromptEncoder(const std::string& model_dir, at::ScalarType dtype);
+  // Loads `model_dir`/tokenizer and `model_dir`/text_encoder. On the CPU the weights stay the
+  // checkpoint's mmap pages where the dtype allows (one copy per node however many ranks encode);
+  // on a CUDA `device` they are copied there and the encoder runs there (on the calling thread's
+  // current stream). Throws dlo::Error naming the folder.
+  PromptEncoder(const std::string& model_dir, at::ScalarType dtype, at::Device device = at::kCPU);
 
   // _get_t5_prompt_embeds for one prompt: [1, max_sequence_length, d_model] in the encoder's dtype,
-  // on the CPU. Throws dlo::Error for a prompt that is not valid UTF-8. Thread-compatible.
+  // on the encoder's device. Throws dlo::Error for a prompt that is not valid UTF-8. Thread-compatible.
   at::Tensor encode(const std::string& prompt, std::int64_t max_sequence_length = 512) const;
 
  private:

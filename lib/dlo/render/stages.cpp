@@ -177,7 +177,7 @@ void finish_job(JobRun& run, const WanVae& vae, const ModelInfo& model, const Si
         keep_latents(run.job, run.latents);
       else if (!job.save_latents.empty())
         save_latents_safetensors(run.job, model, run.latents);
-      const at::Tensor z = vae.denormalize(run.latents.to(at::kCPU));
+      const at::Tensor z = vae.denormalize(run.latents);  // on the VAE's device
       run.latents = at::Tensor();
       const std::int64_t frames = vae.config().output_frames(z.size(2));
       const std::int64_t height = z.size(3) * vae.config().scale_factor_spatial;
