@@ -4,7 +4,8 @@
 # `timeout`, reports PASS/FAIL/SKIP and the script goes on; steps starting after 330 s are skipped
 # and none runs past 350 s.
 # Results: $OUT/summary.txt and $OUT/logs.tar.gz (at most 2 files).
-# Knobs: DLO_DEVICE=cpu (everything on the CPU: the local rehearsal), LAYERS (benchmark, 12),
+# Knobs: ONLY (step names: run just those), DLO_DEVICE=cpu (everything on the CPU: the local
+#   rehearsal), LAYERS (benchmark, 12),
 #   BENCH_SHAPE (F,H,W,L; 21,60,104,512), PASSES (4), STRATEGIES (1-rank strategies compared with
 #   resident), FLAT_LAYERS (layerwise peak depths, "20 40"), PY (python3), BUNDLE (.gpu/bundle).
 set -uo pipefail
@@ -37,6 +38,7 @@ NPASS=0 NFAIL=0 NSKIP=0
 # step NAME TIMEOUT CMD...: runs CMD (a shell function or binary) with its log in logs/NAME.log.
 step() {
   local name=$1 to=$2; shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local t=$(( $(date +%s) - T0 ))
   if (( t > 330 )); then say "SKIP  $name (time: ${t} s into the run)"; NSKIP=$((NSKIP+1)); return; fi
   (( to > 350 - t )) && to=$(( 350 - t ))   # no step runs past 350 s: the whole run stays under 6 minutes
@@ -133,6 +135,144 @@ YAML
   for id in sea city; do cmp "$W/ti2v1/$id.safetensors" "$W/ti2v2/$id.safetensors" || return 1; done
   echo "TI2V-shaped: latents identical at 1 and 2 ranks"
 }
+# Sequence parallelism's precondition on this device (sequence-parallel notes 5, 6.2.5): a GEMM on
+# a subset of rows gives those rows of the full GEMM, SDPA on a subset of heads those heads, bitwise,
+# in bf16 and fp32 at Wan 1.3B's shapes (the machine's torch: the same kernels libtorch calls).
+probe() {
+  "$PY" - "$DEV" <<'PY'
+import sys, torch
+import torch.nn.functional as F
+dev = sys.argv[1] if torch.cuda.is_available() and sys.argv[1] != "cpu" else "cpu"
+S, D, FF, H = (8190, 1536, 8960, 12) if dev != "cpu" else (258, 96, 160, 4)
+torch.manual_seed(0)
+bad = 0
+for dt in (torch.bfloat16, torch.float32):
+    x = torch.randn(1, S, D, device=dev, dtype=dt); w = torch.randn(FF, D, device=dev, dtype=dt) / D**0.5
+    b = torch.randn(FF, device=dev, dtype=dt); y = F.linear(x, w, b)
+    for cut in (S // 2, S // 3, 100):
+        parts = torch.cat([F.linear(x[:, :cut], w, b), F.linear(x[:, cut:], w, b)], 1)
+        eq = torch.equal(parts, y); bad += not eq
+        print(f"{str(dt):15s} linear rows split at {cut:5d}: bitwise {eq}  max|diff| {(parts.float() - y.float()).abs().max().item():.3g}")
+    q, k, v = (torch.randn(1, H, S, 128, device=dev, dtype=dt) for _ in range(3))
+    o = F.scaled_dot_product_attention(q, k, v)
+    for cut in (H // 2, H // 3, 1):
+        parts = torch.cat([F.scaled_dot_product_attention(q[:, :cut], k[:, :cut], v[:, :cut]),
+                           F.scaled_dot_product_attention(q[:, cut:], k[:, cut:], v[:, cut:])], 1)
+        eq = torch.equal(parts, o); bad += not eq
+        print(f"{str(dt):15s} SDPA heads split at {cut:5d}: bitwise {eq}  max|diff| {(parts.float() - o.float()).abs().max().item():.3g}")
+print("device", dev, "cases not bitwise:", bad)
+PY
+}
+# Compares two .safetensors files tensor by tensor: PASS when bitwise equal, or (not bitwise) when
+# every tensor's max |diff| is within TOL x its max |reference| (uint8 frames: TOL x 255); prints
+# what it measured either way. compare_st A B TOL
+compare_st() {
+  "$PY" - "$@" <<'PY'
+import json, struct, sys, torch
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    dt = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16, "U8": torch.uint8}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        o = v["data_offsets"]
+        out[k] = torch.frombuffer(bytearray(b[8 + n + o[0]:8 + n + o[1]]), dtype=dt[v["dtype"]]).reshape(v["shape"])
+    return out
+a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+ok = sorted(a) == sorted(b)
+for k in sorted(a):
+    x, y = a[k].float(), b[k].float()
+    scale = 255.0 if a[k].dtype == torch.uint8 else max(x.abs().max().item(), 1e-30)
+    d = (x - y).abs().max().item() if x.shape == y.shape else float("inf")
+    eq = torch.equal(a[k], b[k])
+    ok = ok and (eq or d <= tol * scale)
+    print(f"{k}: shape {list(a[k].shape)} bitwise {eq} max|diff| {d:.4g} (scale {scale:.4g}, tolerance {tol * scale:.4g})")
+sys.exit(0 if ok else 1)
+PY
+}
+# Sequence and CFG parallelism on the GPU (two ranks on the one GPU, NCCL over loopback): one
+# guided forward at SP 2 and as a CFG pair against one rank resident on the device (45 tokens and
+# 5 heads: uneven shares, 23/22 and 3/2), and one prompt rendered by dlo-generate-bare at SP 2 and
+# as a CFG pair against one rank.
+spcfg_forward() {
+  local rc=0
+  "$B/bin/dlo-checkpoint" make "$W/sp" --preset wan-test --layers 4 --heads 5 --head-dim 16 --dim 80 --ffn-dim 64 \
+    --dtype bf16 --components transformer --shard-size 50KB >/dev/null || return 1
+  local args=(--model "$W/sp" --component transformer --random-inputs 3,6,10,9 --seed 11 --guidance --dtype bf16 --device "$DEVARG")
+  mpirun_ -np 1 "$B/bin/dlo-forward" "${args[@]}" --offload resident --out "$W/sp1.safetensors" >/dev/null 2>&1 || return 1
+  mpirun_nccl2 "$B/bin/dlo-forward" "${args[@]}" --offload dlo --sp 2 --out "$W/sp2.safetensors" --report "$W/rep_sp2.json" || return 1
+  echo "SP 2 vs 1 rank:"; compare_st "$W/sp1.safetensors" "$W/sp2.safetensors" 0.02 || rc=1
+  mpirun_nccl2 "$B/bin/dlo-forward" "${args[@]}" --offload dlo --cfg-parallel --out "$W/cfg2.safetensors" --report "$W/rep_cfg2.json" || return 1
+  echo "CFG 2 vs 1 rank:"; compare_st "$W/sp1.safetensors" "$W/cfg2.safetensors" 0.02 || rc=1
+  return $rc
+}
+spcfg_generate() {
+  local rc=0
+  local args=(--model "$W/small" --prompt "a red fox" --steps 3 --height 48 --width 64 --frames 9 --seed 5 --guidance 4 --device "$DEVARG")
+  mpirun_ -np 1 "$B/bin/dlo-generate-bare" "${args[@]}" --out "$W/g1.safetensors" --report "$W/rep_g1.json" || return 1
+  mpirun_nccl2 "$B/bin/dlo-generate-bare" "${args[@]}" --sp 2 --cfg-parallel off --out "$W/g_sp2.safetensors" --report "$W/rep_g_sp2.json" || return 1
+  echo "frames, SP 2 vs 1 rank:"; compare_st "$W/g1.safetensors" "$W/g_sp2.safetensors" 0.02 || rc=1
+  mpirun_nccl2 "$B/bin/dlo-generate-bare" "${args[@]}" --cfg-parallel on --out "$W/g_cfg2.safetensors" --report "$W/rep_g_cfg2.json" || return 1
+  echo "frames, CFG 2 vs 1 rank:"; compare_st "$W/g1.safetensors" "$W/g_cfg2.safetensors" 0.02 || rc=1
+  grep -o '"parallel": "[^"]*"' "$W/rep_g_sp2.json" "$W/rep_g_cfg2.json" | sort -u
+  grep -o '"token_block_rows": [0-9]*' "$W/rep_g1.json" "$W/rep_g_sp2.json" "$W/rep_g_cfg2.json"
+  return $rc
+}
+# A soak: 8 blocks, 20 guided passes at SP 2 over NCCL, random pauses (up to 3 ms) before every
+# gather request and every block's exchanges on both ranks: no hang (the watchdogs would end it
+# within DLO_GATHER_TIMEOUT_S) and the output of the last pass equals the unjittered run's.
+soak() {
+  "$B/bin/dlo-checkpoint" make "$W/soak" --preset wan-test --layers 8 --dtype bf16 --shard-size 50KB >/dev/null || return 1
+  local args=(--model "$W/soak" --component transformer --random-inputs 3,6,10,9 --seed 3 --guidance --dtype bf16 --device "$DEVARG"
+              --offload dlo --sp 2 --passes 20)
+  mpirun_nccl2 "$B/bin/dlo-forward" "${args[@]}" --out "$W/soak0.safetensors" >/dev/null 2>&1 || return 1
+  local s=$(date +%s)
+  mpirun_nccl2 "$B/bin/dlo-forward" "${args[@]}" --test-jitter-us 3000 --out "$W/soak1.safetensors" --report "$W/rep_soak.json" || return 1
+  echo "jittered: 20 passes x 8 blocks in $(( $(date +%s) - s )) s"
+  cmp "$W/soak0.safetensors" "$W/soak1.safetensors" && echo "jittered output identical to the unjittered one"
+}
+# Item 6 of the sequence-parallel issue: the text encoder and the VAE on the job's GPU. A 1.3B-shaped
+# transformer (2 blocks), Wan2.1's real VAE, a tiny text encoder; 240x416, 17 frames, 2 steps: the
+# job's phases with the text encoder and VAE on the GPU (cuda) and on the CPU, and the frames of
+# the two compared (mean |diff| in levels; they differ by the devices' rounding only).
+whole_job() {
+  "$B/bin/dlo-checkpoint" make "$W/lat" --preset wan2.1-t2v-1.3b --layers 2 --vae-preset wan2.1-vae --te-preset umt5-test \
+    --dtype bf16 >/dev/null || return 1
+  # 240x416 (480x832 took over 148 s to decode on 4 CPU threads); every core of the machine.
+  local size=(--height 240 --width 416); [ "$DEV" = cpu ] && size=(--height 64 --width 64)  # the rehearsal: small
+  local args=(--model "$W/lat" --prompt "a lighthouse at dusk" --steps 2 "${size[@]}" --frames 17 --seed 9 --device "$DEVARG"
+              --threads "$(nproc)")
+  for where in cuda cpu; do
+    [ "$DEV" = cpu ] && [ "$where" = cuda ] && continue
+    mpirun_ -np 1 "$B/bin/dlo-generate-bare" "${args[@]}" --text-vae-device "$where" --out "$W/wj_$where.safetensors" \
+      --report "$W/rep_wj_$where.json" 2>&1 | grep -E "phases|offload:" || return 1
+  done
+  [ "$DEV" = cpu ] && return 0
+  "$PY" - "$W" <<'PY'
+import json, struct, sys, torch
+w = sys.argv[1]
+def frames(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); o = h["frames"]["data_offsets"]
+    return torch.frombuffer(bytearray(b[8 + n + o[0]:8 + n + o[1]]), dtype=torch.uint8).reshape(h["frames"]["shape"]).float()
+for where in ("cuda", "cpu"):
+    r = json.load(open(f"{w}/rep_wj_{where}.json")); t = r["jobs"][0]["timings"]
+    print(f"text+VAE on {where}: {json.dumps(t)}")
+a, b = frames(f"{w}/wj_cuda.safetensors"), frames(f"{w}/wj_cpu.safetensors")
+d = (a - b).abs()
+print(f"frames {list(a.shape)}: mean |diff| {d.mean().item():.3f} levels, max {d.max().item():.0f}, std of frames {a.std().item():.1f}")
+sys.exit(0 if d.mean().item() <= 2.0 and a.std().item() > 1.0 else 1)
+PY
+}
+# A rank of an SP group failing mid-wave (its transfer of block 2) on the GPU ends both ranks, with
+# the failing rank's message, within the gather timeout.
+fault_sp() {
+  "$B/bin/dlo-checkpoint" make "$W/fsp" --preset wan-test --layers 4 --dtype bf16 --components transformer --shard-size 50KB >/dev/null || return 1
+  local s=$(date +%s) rc
+  mpirun_nccl2 "$B/bin/dlo-forward" --model "$W/fsp" --component transformer --random-inputs 3,6,10,9 --guidance --dtype bf16 \
+    --device "$DEVARG" --offload dlo --sp 2 --passes 3 --fail-at-block 2 --fail-rank 1 --out "$W/fsp.safetensors" >"$W/fsp.txt" 2>&1
+  rc=$?
+  cat "$W/fsp.txt"; echo "exit $rc after $(( $(date +%s) - s )) s"
+  [ $rc != 0 ] && (( $(date +%s) - s < 60 )) && grep -q "fatal:.*block 2" "$W/fsp.txt"
+}
 bench() {
   "$B/bin/dlo-checkpoint" make "$W/big$1" --preset wan2.1-t2v-1.3b --layers "$1" --dtype bf16 --components transformer >/dev/null || return 1
   local rc=0
@@ -174,7 +314,7 @@ PY
 # this is not yet the plain pinned-copy GB/s baseline the issue asks for).
 pinned() { "$B/bin/dlo-bench-engine" --model "$W/small" --dtype bf16 --passes 20 --repeats 3 2>&1 | tail -8; }
 
-export -f known mpirun_ mpirun_nccl2 gpu_only facts model_small fwd same strategy dlo2 fault gen experts ti2v bench pinned
+export -f fault_sp whole_job compare_st spcfg_forward spcfg_generate soak probe known mpirun_ mpirun_nccl2 gpu_only facts model_small fwd same strategy dlo2 fault gen experts ti2v bench pinned
 export W B DEV DEVARG PY BENCH_SHAPE PASSES LAYERS
 say "gpu-run: device $DEV, bundle $B, torch site-packages ${SP:-NOT FOUND}, $(date -u)"
 step facts 60 facts
@@ -184,6 +324,7 @@ step test_engine_gpu 120 "$B/bin/test_engine_gpu"
 if [ -x "$B/bin/test_nccl_gpu" ]; then
   step test_nccl_gpu 120 gpu_only mpirun_nccl2 "$B/bin/test_nccl_gpu"
 fi
+step probe_invariance 60 probe
 step model_small 60 model_small
 step strategy_resident 90 fwd resident 1 resident
 for s in $STRATEGIES; do [ "$s" = resident ] || step "strategy_$s" 90 strategy "$s"; done
@@ -192,6 +333,11 @@ step fault_2ranks 90 fault
 step generate_bare 120 gen
 step experts_1_2ranks 120 experts
 step ti2v_1_2ranks 120 ti2v
+step sp_cfg_forward 120 spcfg_forward
+step sp_cfg_generate 150 spcfg_generate
+step soak_sp2_jitter 150 soak
+step fault_sp2 90 fault_sp
+step whole_job_text_vae 150 whole_job
 for s in resident device-shards layerwise dlo auto; do
   case " $STRATEGIES auto " in *" $s "*) step "bench_${LAYERS}L_$s" 120 bench "$LAYERS" "$s" ;; esac
 done
