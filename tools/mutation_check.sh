@@ -77,6 +77,8 @@ MUTANTS=$(cat <<'EOF'
 40|lib/dlo/render/generate.cpp|a group's members do not prepare the jobs handed to the group|"        if (ours(a)) assign(a.job);"|"        if (ours(a) && leader()) assign(a.job);"
 41|lib/dlo/pipeline/topology.cpp|the SP degree not checked against the attention heads|"    if (sp > l.heads) return str("|"    if (false) return str("
 42|lib/dlo/render/stages.cpp|a CFG group computes both branches on every rank along the sequence (no CFG split; the frames stay right)|"  else if (job.guided() && groups.partners != nullptr)"|"  else if (false)"
+43|lib/dlo/render/generate.cpp|a tail phase scheduled over the first phase's job positions (it renders the batch's first jobs again)|"    runnable_.assign(all_runnable_.begin() + ph.first, all_runnable_.begin() + ph.first + ph.count);"|"    runnable_.assign(all_runnable_.begin(), all_runnable_.begin() + ph.count);"
+44|lib/dlo/pipeline/topology.cpp|a tail phase taken for any predicted gain, however small|"  double best = whole.predicted * (1 - kTailGain);"|"  double best = whole.predicted;"
 EOF
 )
 

@@ -19,6 +19,7 @@
 // CMake: libav's for dlo-generate, frames as .safetensors for dlo-generate-bare.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -205,16 +206,31 @@ void print_dry_run(const dlo::MpiWorld& world, const dlo::ModelInfo& model, cons
                    const dlo::GenerateOptions& go) {
   const dlo::RenderPlan rp = dlo::plan_render(world, model, plan.jobs, go);
   if (world.rank() != 0) return;
-  const int P = rp.topology.group_size;
+  // Each runnable job's phase and, for the first jobs of a phase, the ranks it starts on.
+  std::int64_t position = 0;
   for (std::size_t i = 0; i < plan.jobs.size(); ++i) {
     const auto& j = plan.jobs[i].spec;
-    const int first = static_cast<int>(i) * P;
     std::cout << "job " << plan.jobs[i].index << " '" << j.id << "': " << j.width << "x" << j.height << ", " << j.frames
-              << " frames, " << j.steps << " steps, guidance " << j.guidance << " -> " << j.output
-              << (first >= world.size() ? std::string()
-                  : P == 1       ? dlo::str(" (starts on rank ", first, ")")
-                                 : dlo::str(" (starts on ranks ", first, "-", first + P - 1, ", ", rp.topology.label(j.guided()), ")"))
-              << "\n";
+              << " frames, " << j.steps << " steps, guidance " << j.guidance << " -> " << j.output;
+    const auto& refused = rp.memory.refused;
+    if (std::find(refused.begin(), refused.end(), static_cast<std::int64_t>(i)) != refused.end()) {
+      std::cout << " (does not fit in memory)\n";
+      continue;
+    }
+    for (std::size_t p = 0; p < rp.topology.phases.size(); ++p) {
+      const dlo::TopologyPhase& ph = rp.topology.phases[p];
+      if (position < ph.first || position >= ph.first + ph.count) continue;
+      const int P = ph.topology.group_size, first = static_cast<int>(position - ph.first) * P;
+      const std::string when = p == 0 ? "starts on" : "then, once the jobs before it are denoised, on";
+      if (first < world.size())
+        std::cout << (P == 1 ? dlo::str(" (", when, " rank ", first, ")")
+                             : dlo::str(" (", when, " ranks ", first, "-", first + P - 1, ", ",
+                                        ph.topology.label(j.guided()), ")"));
+      else if (p > 0)
+        std::cout << " (in the tail, on the next free group of " << P << " rank(s))";
+    }
+    ++position;
+    std::cout << "\n";
   }
   std::cout << "topology: " << rp.topology.reason << "\n";
   std::cout << "memory per rank with " << dlo::strategy_name(rp.memory.choice.strategy) << " on " << world.size()

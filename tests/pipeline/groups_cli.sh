@@ -8,8 +8,9 @@
 #  2. a batch of 5 mixed jobs on 4 ranks as two groups of 2 (SP 2), and 3 guided jobs on 2 ranks
 #     as a CFG pair (the manifest's cfg_parallel key; the flag wins over it): each job's frames as
 #     at 1 rank; the pair's ranks take turns decoding; auto pairs ranks when there are fewer jobs
-#     than ranks, not otherwise; with a slow VAE neither rank of a pair queues more than four
-#     decodes;
+#     than ranks; a batch's tail regrouped (5 jobs on 4 ranks: the fifth on all four once the
+#     others are done, its frames as at 1 rank); with a slow VAE neither rank of a pair queues
+#     more than four decodes;
 #  3. a job failing in a group fails once (one record, from the group's first rank) and the
 #     batch goes on; exit 3; a failure on one member alone (a block, the step's inputs) is
 #     recorded with that member's reason;
@@ -113,6 +114,51 @@ mpirun -np 3 "$BIN/dlo-generate" --threads 1 --jobs "$T/three6.yaml" --output-di
   || fail "dry run: $(cat "$T/log")"
 grep -q "^topology: every rank its own job: 3 job(s) on 3 rank(s)" "$T/stdout" || fail "auto for 3 jobs on 3 ranks: $(grep topology "$T/stdout")"
 echo "ok: auto: 3 jobs on 4 ranks as two CFG pairs, on 3 ranks one each"
+
+# The tail regrouped: 5 guided jobs on 4 ranks, the third one step longer. Data parallel throughout
+# leaves the fifth alone on a rank (4 single-rank steps); auto renders the first four one per rank
+# (3) and then the fifth on all four as CFG 2 x SP 2 (2 / (1.84 x 1.38) = 0.79): 3.79, less than
+# 0.95 x 4. Every job's frames as at 1 rank; the tail job's record names the four ranks; each rank
+# computed its job's 144 token rows (the longer one 216) and a quarter of the tail's 144 (36).
+cat >"$T/tail.yaml" <<EOF
+model: m
+defaults: {frames: 5, height: 32, width: 48, steps: 2, guidance: 4}
+jobs:
+  - {id: j0, prompt: "a red fox", seed: 1}
+  - {id: j1, prompt: "an owl", seed: 2}
+  - {id: j2, prompt: "a boat", seed: 3, steps: 3}
+  - {id: j3, prompt: "a car", seed: 4}
+  - {id: j4, prompt: "an elk", seed: 5}
+EOF
+TAIL=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/tail.yaml")
+mpirun -np 1 "${TAIL[@]}" --output-dir "$T/tail1" 2>"$T/log" || fail "the tail batch at 1 rank: $(cat "$T/log")"
+mpirun -np 4 "${TAIL[@]}" --output-dir "$T/tail4" --dry-run >"$T/stdout" 2>"$T/log" || fail "the tail's dry run: $(cat "$T/log")"
+grep -qF "topology: every rank its own job, then the last 1 job(s) on 1 group(s) of 4 ranks (guided jobs cfg 2 x sp 2) once the others are done: predicted 3.79 single-rank step times vs 4.00 data parallel throughout" "$T/stdout" \
+  && grep "job 4 'j4'" "$T/stdout" | grep -qF "(then, once the jobs before it are denoised, on ranks 0-3, cfg 2 x sp 2)" \
+  || fail "the tail's dry run: $(cat "$T/stdout")"
+mpirun -np 4 "${TAIL[@]}" --output-dir "$T/tail4" --report "$T/tail4.json" 2>"$T/log" || fail "the tail at 4 ranks: $(cat "$T/log")"
+for id in j0 j1 j2 j3 j4; do
+  [ -n "$(sha_of "$T/tail1/results.jsonl" "$id")" ] && [ "$(sha_of "$T/tail4/results.jsonl" "$id")" = "$(sha_of "$T/tail1/results.jsonl" "$id")" ] \
+    || fail "the tail batch: $id's frames differ from 1 rank"
+done
+grep '"id":"j4"' "$T/tail4/results.jsonl" | grep -q '"ranks":\[0,1,2,3\],"parallel":"cfg 2 x sp 2"' \
+  || fail "the tail job's record: $(grep '"id":"j4"' "$T/tail4/results.jsonl")"
+[ "$(grep -c '"parallel":"dp"' "$T/tail4/results.jsonl")" = 4 ] || fail "the first four not data parallel: $(cat "$T/tail4/results.jsonl")"
+[ "$(rows "$T/tail4.json")" = "180 180 252 180" ] || fail "token rows per rank $(rows "$T/tail4.json"), want 180 180 252 180"
+grep -q '"phases": 2' "$T/tail4.json" || fail "the report does not count 2 phases"
+# A job failing in the first phase fails alone; the tail still regroups and renders.
+set +e
+mpirun -np 4 "${TAIL[@]}" --output-dir "$T/tailf" --fail-job 1 --fail-step 1 --fail-block 0 2>"$T/log"
+rc=$?
+set -e
+[ "$rc" = 3 ] && grep '"id":"j1"' "$T/tailf/results.jsonl" | grep -q '"status":"failed"' \
+  && [ "$(sha_of "$T/tailf/results.jsonl" j4)" = "$(sha_of "$T/tail1/results.jsonl" j4)" ] \
+  || fail "a failure before the tail: exit $rc: $(cat "$T/tailf/results.jsonl")"
+# Explicit requests keep one phase.
+mpirun -np 4 "${TAIL[@]}" --output-dir "$T/tail4e" --cfg-parallel off --dry-run >"$T/stdout" 2>"$T/log" || fail "dry run: $(cat "$T/log")"
+grep -q "^topology: every rank its own job: 5 job(s) on 4 rank(s), predicted 4.00 .*(--sp auto --cfg-parallel off)" "$T/stdout" \
+  || fail "an explicit request regrouped the tail: $(grep topology "$T/stdout")"
+echo "ok: 5 jobs on 4 ranks: the first four one per rank, the fifth regrouped on all four (cfg 2 x sp 2): frames as at 1 rank; a failure before the tail; explicit requests keep one phase"
 
 # A slow VAE: no rank of a CFG pair queues more decodes than a rank alone may (README: at most four).
 printf 'p1\np2\np3\np4\np5\n' >"$T/five.txt"

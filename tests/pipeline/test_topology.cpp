@@ -67,7 +67,7 @@ TEST_CASE("topology, auto keeps a full batch data parallel") {
   CHECK(t.group_size == 1);
   CHECK(!t.cfg);
   CHECK(t.label(true) == "dp");
-  CHECK(t.reason == "every rank its own job: 4 job(s) on 4 rank(s) (auto groups ranks only when there are fewer jobs than ranks)");
+  CHECK(t.reason == "every rank its own job: 4 job(s) on 4 rank(s)");
   // Three jobs on two ranks: data parallel, though the cost model alone would pair the ranks (DP
   // 20 steps with a tail of one job on one rank, CFG pairs 3 x 10 / 1.84 = 16.3): measured on the
   // CPU the two tie (docs/benchmarks.md), the decodes running beside the steps.
@@ -146,4 +146,63 @@ TEST_CASE("topology, flags") {
   CHECK(dlo::parse_cfg_parallel("on", "--cfg-parallel") == TopologyRequest::Cfg::kOn);
   CHECK_THROWS_WITH_AS(dlo::parse_cfg_parallel("yes", "--cfg-parallel"), "--cfg-parallel: 'yes' is not on, off or auto",
                        dlo::Error);
+}
+
+TEST_CASE("topology, auto gives a data-parallel batch's tail groups when the cost model says so, worked out by hand") {
+  // 3 guided jobs of 10 steps on 2 ranks: data parallel 20 steps (the third alone); the first two
+  // data parallel (10), then the third as a CFG pair (10 / 1.84 = 5.43): 15.43.
+  dlo::TopologyPlan p = dlo::plan_topology(request(0), batch(2, {10, 10, 10}, {true, true, true}));
+  REQUIRE(p.phases.size() == 2);
+  CHECK(p.phases[0].first == 0);
+  CHECK(p.phases[0].count == 2);
+  CHECK(p.phases[0].topology.group_size == 1);
+  CHECK(p.phases[1].first == 2);
+  CHECK(p.phases[1].count == 1);
+  CHECK(p.phases[1].topology.group_size == 2);
+  CHECK(p.phases[1].topology.cfg);
+  CHECK(p.predicted == doctest::Approx(10 + 10 / 1.84));
+  CHECK(p.predicted_dp == doctest::Approx(20));
+  CHECK(p.reason == "every rank its own job, then the last 1 job(s) on 1 group(s) of 2 ranks (guided jobs cfg 2) "
+                    "once the others are done: predicted 15.43 single-rank step times vs 20.00 data parallel throughout");
+  // Unguided: the tail along the sequence (10 / 1.38 = 7.25).
+  p = dlo::plan_topology(request(0), batch(2, {10, 10, 10}, {false, false, false}));
+  REQUIRE(p.phases.size() == 2);
+  CHECK(p.phases[1].topology.label(false) == "sp 2");
+  CHECK(p.predicted == doctest::Approx(10 + 10 / 1.38));
+  // 5 on 4 ranks: the fifth on all four (10 / (1.84 x 1.38) = 3.94); a tail of 2 would leave
+  // the first phase 3 jobs for 4 ranks, not considered.
+  p = dlo::plan_topology(request(0), batch(4, std::vector<std::int64_t>(5, 10), std::vector<bool>(5, true)));
+  REQUIRE(p.phases.size() == 2);
+  CHECK(p.phases[1].count == 1);
+  CHECK(p.phases[1].topology.label(true) == "cfg 2 x sp 2");
+  CHECK(p.predicted == doctest::Approx(10 + 10 / (1.84 * 1.38)));
+}
+
+TEST_CASE("topology, no tail phase where it does not pay, for explicit requests, or for batches that fit the ranks") {
+  // 8 jobs on 4 ranks: a tail of 1 gives 20 + 3.94, of 2 gives 20 + 5.43, of 3 would stay data
+  // parallel; data parallel throughout takes 20.
+  dlo::TopologyPlan p = dlo::plan_topology(request(0), batch(4, std::vector<std::int64_t>(8, 10), std::vector<bool>(8, true)));
+  REQUIRE(p.phases.size() == 1);
+  CHECK(p.phases[0].count == 8);
+  CHECK(p.phases[0].topology.group_size == 1);
+  CHECK(p.reason == "every rank its own job: 8 job(s) on 4 rank(s) (no tail phase on groups predicts 5% less than data "
+                    "parallel throughout)");
+  // A short last job: 10, 10, 2 on 2 ranks: data parallel 12; a CFG tail 10 + 1.09 = 11.09 (0.92 of 12, below 0.95).
+  p = dlo::plan_topology(request(0), batch(2, {10, 10, 2}, {true, true, true}));
+  CHECK(p.phases.size() == 2);
+  // 10, 10, 1: data parallel 11; the tail 10.54, more than 0.95 x 11 = 10.45: one phase.
+  p = dlo::plan_topology(request(0), batch(2, {10, 10, 1}, {true, true, true}));
+  CHECK(p.phases.size() == 1);
+  // Explicit requests: one phase, whatever the batch.
+  p = dlo::plan_topology(request(1), batch(2, {10, 10, 10}, {true, true, true}));
+  CHECK(p.phases.size() == 1);
+  p = dlo::plan_topology(request(0, TopologyRequest::Cfg::kOff), batch(2, {10, 10, 10}, {true, true, true}));
+  CHECK(p.phases.size() == 1);
+  // As many jobs as ranks, or one rank: one phase.
+  CHECK(dlo::plan_topology(request(0), batch(2, {10, 10}, {true, true})).phases.size() == 1);
+  CHECK(dlo::plan_topology(request(0), batch(1, {10, 10, 10}, {true, true, true})).phases.size() == 1);
+  // Fewer jobs than ranks: one phase on groups, as choose_topology.
+  p = dlo::plan_topology(request(0), batch(4, {10}, {true}));
+  REQUIRE(p.phases.size() == 1);
+  CHECK(p.phases[0].topology.group_size == 4);
 }

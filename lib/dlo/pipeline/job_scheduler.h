@@ -27,9 +27,9 @@
 // each rank so far are most even (the front job never waits more than that many hand-outs). Each job's steps stay
 // in order and each is computed once, so the frames are those of the job alone.
 //
-// Groups: an assignment names the ranks that render a job together. Today every group is one rank
-// (data parallelism); sequence and CFG parallelism give a job several ranks, and the rest of the
-// decision stays as it is.
+// Groups: the scheduler's "ranks" are the batch's groups of ranks (pipeline/topology.h; one rank
+// each in data parallelism); an assignment names the group that renders a job. A batch in phases
+// (a tail regrouped) has one scheduler per phase, over that phase's jobs.
 //
 // Thread-safety: none (one thread drives a scheduler).
 #pragma once
@@ -152,6 +152,8 @@ class JobScheduler {
   // Passes so far whose traversal streamed more than one expert (ranks on different experts).
   std::int64_t passes_streaming_all_experts() const { return mixed_passes_; }
   int ranks() const { return ranks_; }
+  // Boundaries scheduled so far (the next PassDecision::pass).
+  std::int64_t pass_count() const { return pass_; }
 
  private:
   void assign(std::int64_t job, int rank, std::vector<JobAssignment>& out);

@@ -44,6 +44,17 @@ double predicted_time(const Topology& t, const TopologyLimits& l) {
   return end;
 }
 
+// "every rank its own job" or "2 group(s) of 2 ranks (guided jobs cfg 2, unguided sp 2)": the
+// kinds of job the batch has.
+std::string groups_of(const Topology& t, const TopologyLimits& l) {
+  if (t.group_size == 1) return "every rank its own job";
+  const std::size_t guided = static_cast<std::size_t>(std::count(l.guided.begin(), l.guided.end(), true));
+  std::string how = str(t.groups(l.ranks), " group(s) of ", t.group_size, " ranks (");
+  if (guided > 0) how += str("guided jobs ", t.label(true));
+  if (guided < l.steps.size()) how += str(guided > 0 ? ", unguided " : "unguided jobs ", t.label(false));
+  return how + ")";
+}
+
 }  // namespace
 
 int parse_sp(const std::string& text, const std::string& flag) {
@@ -97,8 +108,7 @@ Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l
   const bool full = static_cast<int>(l.steps.size()) >= l.ranks;
   if (!explicit_sp && request.cfg == TopologyRequest::Cfg::kAuto && full) {
     // A job per rank keeps every rank busy without any exchange.
-    dp.reason = str("every rank its own job: ", l.steps.size(), " job(s) on ", l.ranks,
-                    " rank(s) (auto groups ranks only when there are fewer jobs than ranks)");
+    dp.reason = str("every rank its own job: ", l.steps.size(), " job(s) on ", l.ranks, " rank(s)");
     return dp;
   }
   std::vector<Topology> candidates;
@@ -125,20 +135,59 @@ Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l
   for (const auto& t : candidates)
     if (t.predicted < best->predicted * (1 - 1e-9)) best = &t;
   Topology t = *best;
-  const std::size_t guided = static_cast<std::size_t>(std::count(l.guided.begin(), l.guided.end(), true));
-  std::string how;
-  if (t.group_size == 1) {
-    how = "every rank its own job";
-  } else {
-    how = str(t.groups(l.ranks), " group(s) of ", t.group_size, " ranks (");
-    if (guided > 0) how += str("guided jobs ", t.label(true));
-    if (guided < l.steps.size()) how += str(guided > 0 ? ", unguided " : "unguided jobs ", t.label(false));
-    how += ")";
-  }
-  t.reason = str(how, ": ", l.steps.size(), " job(s) on ", l.ranks, " rank(s), predicted ", two_digits(t.predicted),
+  t.reason = str(groups_of(t, l), ": ", l.steps.size(), " job(s) on ", l.ranks, " rank(s), predicted ", two_digits(t.predicted),
                  " single-rank step times vs ", two_digits(t.predicted_dp), " data parallel",
                  explicit_sp || request.cfg != TopologyRequest::Cfg::kAuto ? str(" (", flags(), ")") : std::string());
   return t;
+}
+
+namespace {
+
+// The limits of jobs [first, first + count) alone.
+TopologyLimits part(const TopologyLimits& l, std::int64_t first, std::int64_t count) {
+  TopologyLimits p = l;
+  const auto b = static_cast<std::ptrdiff_t>(first), e = static_cast<std::ptrdiff_t>(first + count);
+  p.steps.assign(l.steps.begin() + b, l.steps.begin() + e);
+  p.guided.assign(l.guided.begin() + b, l.guided.begin() + e);
+  p.tokens.assign(l.tokens.begin() + b, l.tokens.begin() + e);
+  return p;
+}
+
+}  // namespace
+
+TopologyPlan plan_topology(const TopologyRequest& request, const TopologyLimits& l) {
+  TopologyPlan plan;
+  const auto jobs = static_cast<std::int64_t>(l.steps.size());
+  const Topology whole = choose_topology(request, l);
+  plan.phases.push_back({0, jobs, whole});
+  plan.predicted = whole.predicted;
+  plan.predicted_dp = whole.predicted_dp;
+  plan.reason = whole.reason;
+  const bool automatic = request.sp == 0 && request.cfg == TopologyRequest::Cfg::kAuto;
+  if (!automatic || !l.groups_supported || whole.group_size != 1 || l.ranks < 2 || jobs < l.ranks + 1) return plan;
+  // A data-parallel batch: a tail of K jobs on groups of their own, after the first jobs - K.
+  double best = whole.predicted * (1 - kTailGain);
+  for (std::int64_t k = 1; k < l.ranks && jobs - k >= l.ranks; ++k) {
+    const TopologyLimits head = part(l, 0, jobs - k), tail = part(l, jobs - k, k);
+    const Topology first = choose_topology(request, head), last = choose_topology(request, tail);
+    if (last.group_size == 1) continue;  // the tail alone would stay data parallel: nothing gained
+    const double t = first.predicted + last.predicted;
+    if (t >= best) continue;
+    best = t;
+    plan.phases = {{0, jobs - k, first}, {jobs - k, k, last}};
+    plan.predicted = t;
+  }
+  if (plan.phases.size() == 1) {
+    plan.reason += str(" (no tail phase on groups predicts ", static_cast<int>(kTailGain * 100),
+                       "% less than data parallel throughout)");
+  } else {
+    const TopologyPhase& tail = plan.phases[1];
+    plan.reason = str("every rank its own job, then the last ", tail.count, " job(s) on ",
+                      groups_of(tail.topology, part(l, tail.first, tail.count)),
+                      " once the others are done: predicted ", two_digits(plan.predicted), " single-rank step times vs ",
+                      two_digits(plan.predicted_dp), " data parallel throughout");
+  }
+  return plan;
 }
 
 }  // namespace dlo

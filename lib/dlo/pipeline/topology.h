@@ -2,8 +2,9 @@
 // parallelism (a group of ranks splits one job's tokens, runner.h's forward_group) and CFG
 // parallelism (a guided job's two branches on the two halves of a group, forward_cfg).
 //
-// The topology is fixed for a batch: the world's ranks form groups of `group_size` consecutive
-// ranks ([0, P), [P, 2P), ...); the job scheduler hands jobs to groups as it would to ranks. In
+// A topology holds for a phase of the batch: the world's ranks form groups of `group_size`
+// consecutive ranks ([0, P), [P, 2P), ...); the job scheduler hands the phase's jobs to groups as
+// it would to ranks. In
 // a group of P ranks with CFG parallelism a guided job runs its conditional branch on the first
 // P/2 ranks and its unconditional one on the others, each half split along the sequence (SP
 // P/2); an unguided job runs on all P along the sequence. Weights stay sharded over the whole
@@ -15,9 +16,15 @@
 // measured on the CPU by tools/bench_sequence_parallel.py), the jobs are listed in order onto the
 // groups that free up first, and the shortest predicted batch wins, ties going to smaller groups.
 // So a single prompt takes every rank. An explicit --sp or --cfg-parallel uses the cost model
-// among the topologies it allows, whatever the batch. Groups are not re-formed at job boundaries
-// yet (the tail of a long batch keeps its topology), and the model counts denoising only (the
-// text encoder and the VAE decode, on the CPU beside the next job's steps, are not in it).
+// among the topologies it allows, whatever the batch, in one phase.
+//
+// The tail (plan_topology): under auto a batch with at least as many jobs as ranks may end in a
+// second phase. Its last K jobs (0 < K < ranks, and at least `ranks` jobs before them) wait until
+// every earlier job is denoised, and then run on groups chosen for them as a batch of their own
+// (fewer jobs than ranks), instead of leaving ranks idle beside the last jobs of a data-parallel
+// batch. K is the cost model's: the first phase's list schedule plus the tail's, against data
+// parallel throughout; the smallest K that predicts at least kTailGain less wins. The model counts
+// denoising only (the text encoder and the VAE decode are not in it).
 //
 // Pure: no MPI, no torch (tests/pipeline/test_topology.cpp).
 #pragma once
@@ -44,7 +51,7 @@ struct TopologyLimits {
   std::vector<std::int64_t> steps;    // per runnable job
   std::vector<bool> guided;           // per runnable job
   std::vector<std::int64_t> tokens;   // per runnable job: the SP degree's upper bound
-  bool groups_supported = true;       // false: the device cannot exchange activations (CUDA for now)
+  bool groups_supported = true;       // false: the device cannot exchange activations
   std::string unsupported_why;        // why not, for the refusal of an explicit request
 };
 
@@ -67,10 +74,28 @@ inline constexpr double kCfgEfficiency = 0.92;  // CFG 2 ran 1.85x one rank
 // The speedup the cost model gives a job on `sp` ranks per branch, `cfg` on two branches' ranks.
 double predicted_speedup(int sp, bool cfg);
 
+// A tail phase must predict at least this fraction less than data parallel throughout (the
+// model's speedups are measured, its list schedule is not: a marginal gain is not worth a phase).
+inline constexpr double kTailGain = 0.05;
+
 // The topology for the batch. An explicit request that cannot hold (P not dividing the ranks,
 // more ranks along the sequence than heads or than a job's tokens, groups on a device without
 // the exchange) is a dlo::Error (kind input) naming the flag; auto only considers topologies that
 // hold.
 Topology choose_topology(const TopologyRequest& request, const TopologyLimits& limits);
+
+// One phase of a batch: the runnable jobs [first, first + count), in order, on one topology.
+struct TopologyPhase {
+  std::int64_t first = 0, count = 0;
+  Topology topology;
+};
+// The batch's phases (one, or a data-parallel phase and a tail; see the top) and, for the report,
+// the predicted batch time and why. Errors as choose_topology.
+struct TopologyPlan {
+  std::vector<TopologyPhase> phases;
+  double predicted = 0, predicted_dp = 0;  // in single-rank steps
+  std::string reason;
+};
+TopologyPlan plan_topology(const TopologyRequest& request, const TopologyLimits& limits);
 
 }  // namespace dlo

@@ -146,8 +146,9 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
   return plan;
 }
 
-// The batch's topology over the jobs that fit (every rank computes the same from the same input).
-Topology batch_topology(const ModelInfo& model, const std::vector<BatchJob>& jobs, const BatchMemoryPlan& memory,
+// The batch's topology plan over the jobs that fit: its phases (every rank computes the same from
+// the same input).
+TopologyPlan batch_topology(const ModelInfo& model, const std::vector<BatchJob>& jobs, const BatchMemoryPlan& memory,
                         int ranks, const GenerateOptions& o) {
   TopologyLimits l;
   l.ranks = ranks;
@@ -163,7 +164,7 @@ Topology batch_topology(const ModelInfo& model, const std::vector<BatchJob>& job
     l.guided.push_back(j.guided());
     l.tokens.push_back(wan_tokens(configs.front(), shape[2], shape[3], shape[4]));
   }
-  return choose_topology(o.topology, l);
+  return plan_topology(o.topology, l);
 }
 
 // One batch on this rank: the wave and what it keeps between passes. Members are declared in the
@@ -233,21 +234,18 @@ class BatchRun {
     (void)agree_wave(world_, 0, layout);
     const StackSize stack = join_stacks(sizes);
     memory_ = agree_memory_plan(world_, model_, jobs_, o_, dev_, stack);
-    form_groups();
+    agree_topology();
     report_.choice = str("offload: ", strategy_name(memory_.choice.strategy), " (", memory_.choice.reason, "); device ",
                          dev_.device.str(), "; ", ranks_, " rank(s)",
                          runners_.size() > 1 ? str("; ", runners_.size(), " experts, each rank holding its share of both")
                                              : std::string(),
-                         "; topology: ", topo_.reason,
+                         "; topology: ", plan_.reason,
                          memory_.aux_why.empty() ? std::string() : str("; ", memory_.aux_why));
     // A job that does not fit fails alone, recorded by rank 0, before anything is prepared for it.
-    std::vector<std::int64_t> steps, high_steps;
     for (std::size_t i = 0; i < jobs_.size(); ++i) {
       const auto r = std::find(memory_.refused.begin(), memory_.refused.end(), static_cast<std::int64_t>(i));
       if (r == memory_.refused.end()) {
-        runnable_.push_back(static_cast<std::int64_t>(i));
-        steps.push_back(jobs_[i].spec.steps);
-        if (model_.two_experts()) high_steps.push_back(high_noise_steps(jobs_[i].spec, model_));
+        all_runnable_.push_back(static_cast<std::int64_t>(i));
         continue;
       }
       if (me_ != 0) continue;
@@ -255,16 +253,8 @@ class BatchRun {
       refused.fail(str("does not fit in memory: ", memory_.refused_why[static_cast<std::size_t>(r - memory_.refused.begin())]));
       record(refused.result);
     }
-    // The scheduler's ranks are the groups (one rank each without groups).
-    scheduler_ = std::make_unique<JobScheduler>(std::move(steps), topo_.groups(ranks_), o_.align_experts,
-                                                std::move(high_steps));
     // The first jobs' prompts are encoded before the engine's slots exist.
-    for (const auto& a : scheduler_->initial_assignments())
-      if (ours(a)) {
-        phase("text");
-        assign(a.job);
-        text_worker_.drain();
-      }
+    start_phase(0, /*before_engine=*/true);
     EngineOptions eo;
     eo.keep_page_cache = o_.keep_page_cache;
     if (o_.faults.transfer_rank < 0 || o_.faults.transfer_rank == me_) eo.fail_at_block = o_.faults.transfer_block;
@@ -273,28 +263,76 @@ class BatchRun {
     expert_traversals_.assign(runners_.size(), 0);
   }
 
-  // The topology, agreed by every rank, and this rank's groups (collective: every rank splits
-  // alike). A request that cannot hold is the same error on every rank, before the engine.
-  void form_groups() {
+  // The topology plan (its phases), the same on every rank: a request that cannot hold is the
+  // same error on every rank, before the engine.
+  void agree_topology() {
     std::string error;
     try {
-      topo_ = batch_topology(model_, jobs_, memory_, ranks_, o_);
+      plan_ = batch_topology(model_, jobs_, memory_, ranks_, o_);
     } catch (const Error& e) {
       error = e.what();
     }
     world_.check_all(error, "topology");
-    const std::vector<std::int64_t> mine = {topo_.group_size, topo_.cfg ? 1 : 0};
+  }
+
+  // Phase `p` of the plan (collective): its groups, its scheduler over its jobs, their first
+  // assignments. Every rank is between jobs: nothing held, nothing mirrored (the phase before
+  // finished everywhere). `before_engine`: the first phase, whose first prompts are encoded before
+  // the engine's slots exist.
+  void start_phase(std::size_t p, bool before_engine) {
+    DLO_ASSERT(!current_.run && !next_.run && parked_.empty() && mirror_.empty(), "phase ", p, " starts while rank ", me_,
+               " holds a job");
+    if (scheduler_) {
+      pass_base_ += scheduler_->pass_count();
+      mixed_passes_ += scheduler_->passes_streaming_all_experts();
+    }
+    phase_ = p;
+    const TopologyPhase& ph = plan_.phases[p];
+    topo_ = ph.topology;
+    runnable_.assign(all_runnable_.begin() + ph.first, all_runnable_.begin() + ph.first + ph.count);
+    form_groups();
+    std::vector<std::int64_t> steps, high_steps;
+    for (const std::int64_t i : runnable_) {
+      steps.push_back(jobs_[static_cast<std::size_t>(i)].spec.steps);
+      if (model_.two_experts()) high_steps.push_back(high_noise_steps(jobs_[static_cast<std::size_t>(i)].spec, model_));
+    }
+    // The scheduler's ranks are the groups (one rank each without groups).
+    scheduler_ = std::make_unique<JobScheduler>(std::move(steps), topo_.groups(ranks_), o_.align_experts,
+                                                std::move(high_steps));
+    for (const auto& a : scheduler_->initial_assignments())
+      if (ours(a)) {
+        if (before_engine) phase("text");
+        assign(a.job);
+        if (before_engine) text_worker_.drain();
+      }
+  }
+
+  // This phase's groups (collective: every rank splits alike), after the ranks compared the phase
+  // (its index, jobs and topology) before any of its collectives. The last phase's groups go first.
+  void form_groups() {
+    for (const auto* g : {group_.get(), half_.get(), partners_.get()})
+      if (g != nullptr) exchange_bytes_ += g->bytes_sent();
+    partners_.reset();
+    half_.reset();
+    group_.reset();
+    group_ranks_.clear();
+    const TopologyPhase& ph = plan_.phases[phase_];
+    const std::vector<std::int64_t> mine = {static_cast<std::int64_t>(phase_), ph.first, ph.count, topo_.group_size,
+                                            topo_.cfg ? 1 : 0};
+    const std::size_t n = mine.size();
     const std::vector<std::int64_t> all = world_.allgather(mine, "agreeing on the topology");
     for (int r = 0; r < ranks_; ++r)
-      DLO_CHECK_KIND(ErrorKind::kInternal, all[2 * r] == mine[0] && all[2 * r + 1] == mine[1], "rank ", r,
-                     " chose groups of ", all[2 * r], " rank(s) (CFG ", all[2 * r + 1], "), rank ", me_, " of ", mine[0],
-                     " (CFG ", mine[1], ")");
+      DLO_CHECK_KIND(ErrorKind::kInternal,
+                     std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n)), "rank ", r,
+                     " starts phase ", all[r * n], " (jobs ", all[r * n + 1], " + ", all[r * n + 2], ") with groups of ",
+                     all[r * n + 3], " rank(s) (CFG ", all[r * n + 4], "), rank ", me_, " phase ", mine[0], " (jobs ",
+                     mine[1], " + ", mine[2], ") with groups of ", mine[3], " (CFG ", mine[4], ")");
     const int P = topo_.group_size;
     slot_ = me_ / P;
     leader_ = slot_ * P;
     if (P == 1) return;
-    // Collective: every rank makes the network (on CUDA, one NCCL communicator for activations).
-    net_ = make_exchange_network(world_, dev_.device);
+    // Collective: every rank makes the network once (on CUDA, one NCCL communicator for activations).
+    if (!net_) net_ = make_exchange_network(world_, dev_.device);
     group_ = net_->split(slot_, "job groups");
     if (topo_.cfg) {
       const int half = P / 2, at = me_ - leader_;
@@ -337,6 +375,7 @@ class BatchRun {
     Slot s;
     s.position = position;
     s.run = std::make_shared<JobRun>(job_at(position), model_, me_);
+    stamp_group(s.run->result);
     auto run = s.run;
     auto ready = s.ready;
     text_worker_.post([this, run, ready] {
@@ -378,12 +417,16 @@ class BatchRun {
     });
   }
 
+  // The ranks that compute a job of this phase and how, into its result (stamped when the job is
+  // given out: it may be recorded after its phase has ended).
+  void stamp_group(JobResult& r) const {
+    if (group_ranks_.empty()) return;
+    r.ranks = group_ranks_;
+    r.parallel = topo_.label(job_at_index(r.index).spec.guided());
+  }
+
   // A finished or failed job's result, on its way to rank 0.
   void record(JobResult r) {
-    if (!group_ranks_.empty()) {
-      r.ranks = group_ranks_;
-      r.parallel = topo_.label(job_at_index(r.index).spec.guided());
-    }
     if (r.status != "ok") r.error = str("job ", r.index, " ('", r.id, "'): ", r.error);
     pending_.push_back(result_line(r));
     if (me_ != 0) report_.jobs.push_back(std::move(r));
@@ -481,6 +524,7 @@ class BatchRun {
         Slot s;
         s.position = want;
         s.run = std::make_shared<JobRun>(job_at(want), model_, me_);
+        stamp_group(s.run->result);
         s.ready->store(true);
         mirror_.push_back(std::move(s));
         member_job_ = static_cast<std::int64_t>(mirror_.size()) - 1;
@@ -541,9 +585,19 @@ class BatchRun {
     return groups;
   }
 
+  // Seconds left: this phase's scheduler's estimate and the later phases' predicted times (-1 before
+  // a step was measured).
+  double eta_s() const {
+    const double now = scheduler_->eta_s(step_est_s_);
+    if (now < 0) return now;
+    double later = 0;
+    for (std::size_t p = phase_ + 1; p < plan_.phases.size(); ++p) later += plan_.phases[p].topology.predicted;
+    return now + later * step_est_s_;
+  }
+
   void progress(const PassDecision& d) {
     if (me_ != 0 || !cb_.on_progress) return;
-    ProgressEvent ev{d.pass, static_cast<std::int64_t>(jobs_.size()), done_, failed_, {}, {}, scheduler_->eta_s(step_est_s_)};
+    ProgressEvent ev{pass_base_ + d.pass, static_cast<std::int64_t>(jobs_.size()), done_, failed_, {}, {}, eta_s()};
     for (int r = 0; r < ranks_; ++r) {  // each rank shows its group's job
       ev.rank_job.push_back(d.rank_job[static_cast<std::size_t>(r / topo_.group_size)]);
       ev.rank_step.push_back(d.rank_step[static_cast<std::size_t>(r / topo_.group_size)]);
@@ -643,7 +697,7 @@ class BatchRun {
       if (me_ == o_.faults.io_rank && scheduler_pass_ == o_.faults.io_pass)
         throw Error(str("pass ", scheduler_pass_, ": injected I/O failure (test hook)"), ErrorKind::kIo);
       const PassDecision d = scheduler_->schedule(exchange(mine));
-      scheduler_pass_ = d.pass + 1;
+      scheduler_pass_ = pass_base_ + d.pass + 1;
       if (d.collect_results) collect("collecting results");
       if (d.stop) {
         report_.stopped = true;
@@ -651,7 +705,12 @@ class BatchRun {
       }
       for (const auto& a : d.assignments)
         if (ours(a)) assign(a.job);
-      if (d.finished) return;
+      if (d.finished) {
+        // The phase is done on every rank: the next one regroups the ranks for its jobs.
+        if (phase_ + 1 == plan_.phases.size()) return;
+        start_phase(phase_ + 1, /*before_engine=*/false);
+        continue;
+      }
       progress(d);
       if (!d.traverse) {
         // Every rank waits for its next job's prompts: no traversal (it would stream weights for
@@ -679,7 +738,7 @@ class BatchRun {
     }
     runners_.clear();
     experts_.clear();
-    const std::int64_t mixed_passes = scheduler_->passes_streaming_all_experts();
+    const std::int64_t mixed_passes = mixed_passes_ + scheduler_->passes_streaming_all_experts();
     phase("decode");
     text_worker_.drain();
     decode_worker_.drain();
@@ -696,8 +755,9 @@ class BatchRun {
                  {"group", slot_},
                  {"group_size", topo_.group_size},
                  {"token_block_rows", token_rows},  // the work this rank computed (runner.h)
-                 {"exchange_bytes_sent", (group_ ? group_->bytes_sent() : 0) + (half_ ? half_->bytes_sent() : 0) +
-                                             (partners_ ? partners_->bytes_sent() : 0)},
+                 {"exchange_bytes_sent", exchange_bytes_ + (group_ ? group_->bytes_sent() : 0) +
+                                             (half_ ? half_->bytes_sent() : 0) + (partners_ ? partners_->bytes_sent() : 0)},
+                 {"phases", plan_.phases.size()},
                  {"host", world_.host()},
                  {"local_rank", world_.local_rank()},
                  {"device", dev_.device.str()},
@@ -753,14 +813,19 @@ class BatchRun {
   std::vector<std::unique_ptr<WanOffloadRunner>> runners_;  // one engine per expert
   std::vector<std::int64_t> expert_traversals_;
   BatchMemoryPlan memory_;
-  std::vector<std::int64_t> runnable_;  // scheduler position -> index into jobs_
-  Topology topo_;
+  std::vector<std::int64_t> all_runnable_;  // the jobs that fit: indices into jobs_
+  std::vector<std::int64_t> runnable_;      // this phase's scheduler position -> index into jobs_
+  TopologyPlan plan_;                       // the batch's phases
+  std::size_t phase_ = 0;
+  Topology topo_;                           // this phase's
   int slot_ = 0, leader_ = 0;        // this rank's group (the scheduler's rank) and its first rank
   std::vector<int> group_ranks_;     // the group's ranks (empty: no groups)
   std::unique_ptr<ExchangeNetwork> net_;                     // what the groups are made from (declared first: outlives them)
   std::unique_ptr<ExchangeGroup> group_, half_, partners_;  // the group, its CFG half, the CFG partners
-  std::unique_ptr<JobScheduler> scheduler_;
-  std::int64_t scheduler_pass_ = 0;
+  std::unique_ptr<JobScheduler> scheduler_;  // this phase's
+  std::int64_t scheduler_pass_ = 0;          // over the phases
+  std::int64_t pass_base_ = 0, mixed_passes_ = 0;  // the earlier phases' passes, and those that streamed every expert
+  std::uint64_t exchange_bytes_ = 0;               // sent in the earlier phases' groups
   GenerateReport report_;
   std::vector<std::string> pending_;  // this rank's result lines not yet at rank 0
   std::int64_t done_ = 0, failed_ = 0, traversals_ = 0, ghosts_ = 0, idle_ = 0, decode_waits_ = 0;

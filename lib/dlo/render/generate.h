@@ -137,7 +137,7 @@ std::string report_json(const GenerateReport& report);
 struct RenderPlan {
   std::string device;  // this rank's, e.g. "cpu"
   BatchMemoryPlan memory;
-  Topology topology;   // over the jobs that fit
+  TopologyPlan topology;  // over the jobs that fit (the jobs not in memory.refused, in order)
 };
 RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
                        const GenerateOptions& options);
