@@ -7,17 +7,17 @@ one guided job on 2 ranks
   sp     --sp 2 --cfg-parallel off: the two ranks split the tokens (Ulysses);
   cfg    --cfg-parallel on: the conditional branch on rank 0, the unconditional on rank 1;
 a batch of 3 guided jobs on 2 ranks
-  dp     the default (auto: at least as many jobs as ranks): every rank its own job (the third
-         alone on one rank);
-  cfg    --cfg-parallel on: the two ranks as a CFG pair, job after job (the cost model's pick
-         were it asked alone; printed with its predicted times).
+  auto   the default: every rank its own job, then the third (the tail) on both ranks as a CFG
+         pair once the first two are done (the cost model's tail phase; its prediction printed);
+  dp     --sp 1 --cfg-parallel off: every rank its own job throughout (the third alone on one rank);
+  cfg    --cfg-parallel on: the two ranks as a CFG pair, job after job.
 Reports per run: the mpirun wall time, the job's denoising seconds (results.jsonl, rank 0's
 record) and its step times; the ratios sp / alone and cfg / alone (denoising, and the whole job),
-cfg / dp (the batch's wall time) beside the cost model's prediction; and whether every run's
+auto / dp and cfg / dp (the batch's wall time) beside the cost model's predictions; and whether every run's
 frames sha256 equals 1 rank's. The model: Wan2.1 1.3B's block shape (dim 1536, 12 heads) cut to
 --layers blocks, a small random text encoder and VAE (dlo-checkpoint make's test presets).
 
-  bench_topology.py --bin build/bin [--layers 4] [--size 240x416] [--frames 9] [--steps 4] [--json OUT]
+  bench_topology.py --bin build/bin [--layers 4] [--size 240x416] [--frames 9] [--steps 4] [--batch-only] [--json OUT]
 """
 import argparse
 import json
@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--size", default="240x416", help="HEIGHTxWIDTH")
     ap.add_argument("--frames", type=int, default=9)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batch-only", action="store_true", help="only the batch of 3 (not the single job's runs)")
     ap.add_argument("--json")
     args = ap.parse_args()
     h, w = args.size.split("x")
@@ -77,47 +78,55 @@ def main():
                "--seed", "3"]
         one = job + ["--prompt", "a red fox in the snow"]
         runs = {}
-        runs["one_rank"] = generate(args.bin, tmp, "one_rank", 1, one + ["--out", f"{tmp}/a.mp4"], [])
-        runs["alone"] = generate(args.bin, tmp, "alone", 2, one + ["--out", f"{tmp}/b.mp4"], ["--sp", "1", "--cfg-parallel", "off"])
-        runs["sp"] = generate(args.bin, tmp, "sp", 2, one + ["--out", f"{tmp}/c.mp4"], ["--sp", "2", "--cfg-parallel", "off"])
-        runs["cfg"] = generate(args.bin, tmp, "cfg", 2, one + ["--out", f"{tmp}/d.mp4"], ["--cfg-parallel", "on"])
+        if not args.batch_only:
+            runs["one_rank"] = generate(args.bin, tmp, "one_rank", 1, one + ["--out", f"{tmp}/a.mp4"], [])
+            runs["alone"] = generate(args.bin, tmp, "alone", 2, one + ["--out", f"{tmp}/b.mp4"], ["--sp", "1", "--cfg-parallel", "off"])
+            runs["sp"] = generate(args.bin, tmp, "sp", 2, one + ["--out", f"{tmp}/c.mp4"], ["--sp", "2", "--cfg-parallel", "off"])
+            runs["cfg"] = generate(args.bin, tmp, "cfg", 2, one + ["--out", f"{tmp}/d.mp4"], ["--cfg-parallel", "on"])
         with open(f"{tmp}/three.txt", "w") as f:
             f.write("a red fox in the snow\nan owl at night\nwaves on a beach\n")
         batch = job + ["--jobs", f"{tmp}/three.txt"]
-        runs["batch_dp"] = generate(args.bin, tmp, "batch_dp", 2, batch + ["--output-dir", f"{tmp}/dp"], [])
+        runs["batch_auto"] = generate(args.bin, tmp, "batch_auto", 2, batch + ["--output-dir", f"{tmp}/auto"], [])
+        runs["batch_dp"] = generate(args.bin, tmp, "batch_dp", 2, batch + ["--output-dir", f"{tmp}/dp"],
+                                    ["--sp", "1", "--cfg-parallel", "off"])
         runs["batch_cfg"] = generate(args.bin, tmp, "batch_cfg", 2, batch + ["--output-dir", f"{tmp}/cfg"],
                                      ["--cfg-parallel", "on"])
         runs["batch_one_rank"] = generate(args.bin, tmp, "batch_one_rank", 1, batch + ["--output-dir", f"{tmp}/one"], [])
-    a = runs["alone"]
-    blocks, steps = args.layers, args.steps
-    tokens = (args.frames - 1) // 4 + 1
-    tokens *= (int(h) // 16) * (int(w) // 16)  # VAE x8, patch 1x2x2
-    act = tokens * 1536 * 2  # A = S x D x 2 bytes (bf16)
-    exchange = {
-        k: {"exchange_bytes_per_block_step": round(runs[k]["rank0_exchange_bytes_sent"] / (blocks * steps)),
-            "gather_bytes_per_block_pass": round(runs[k]["rank0_bytes_gathered"] / (blocks * runs[k]["rank0_traversals"]))}
-        for k in ("sp", "cfg")}
-    # The notes' formula (sequence-parallel-notes.md section 2): Ulysses sends 4A(P-1)/P^2 per rank,
-    # block and branch; SP 2 with guidance's two branches: 2 x A.
-    exchange["sp"]["formula_bytes_per_block_step"] = 2 * act
-    exchange["tokens"] = tokens
-    out = {
-        "model": f"Wan2.1 1.3B blocks x {args.layers}, {args.size}, {args.frames} frames, {args.steps} steps, guidance 5",
-        "runs": runs,
-        "exchange": exchange,
-        "denoise_ratio_sp_over_alone": round(runs["sp"]["denoise_s"][0] / a["denoise_s"][0], 3),
-        "denoise_ratio_cfg_over_alone": round(runs["cfg"]["denoise_s"][0] / a["denoise_s"][0], 3),
-        "job_ratio_sp_over_alone": round(runs["sp"]["job_s"][0] / a["job_s"][0], 3),
-        "job_ratio_cfg_over_alone": round(runs["cfg"]["job_s"][0] / a["job_s"][0], 3),
-        "predicted_ratio_sp": round(1 / 1.38, 3),
-        "predicted_ratio_cfg": round(1 / 1.84, 3),
+    out = {"model": f"Wan2.1 1.3B blocks x {args.layers}, {args.size}, {args.frames} frames, {args.steps} steps, guidance 5",
+           "runs": runs}
+    if not args.batch_only:
+        a = runs["alone"]
+        blocks, steps = args.layers, args.steps
+        tokens = (args.frames - 1) // 4 + 1
+        tokens *= (int(h) // 16) * (int(w) // 16)  # VAE x8, patch 1x2x2
+        act = tokens * 1536 * 2  # A = S x D x 2 bytes (bf16)
+        exchange = {
+            k: {"exchange_bytes_per_block_step": round(runs[k]["rank0_exchange_bytes_sent"] / (blocks * steps)),
+                "gather_bytes_per_block_pass": round(runs[k]["rank0_bytes_gathered"] / (blocks * runs[k]["rank0_traversals"]))}
+            for k in ("sp", "cfg")}
+        # The notes' formula (sequence-parallel-notes.md section 2): Ulysses sends 4A(P-1)/P^2 per rank,
+        # block and branch; SP 2 with guidance's two branches: 2 x A.
+        exchange["sp"]["formula_bytes_per_block_step"] = 2 * act
+        exchange["tokens"] = tokens
+        out.update({
+            "exchange": exchange,
+            "denoise_ratio_sp_over_alone": round(runs["sp"]["denoise_s"][0] / a["denoise_s"][0], 3),
+            "denoise_ratio_cfg_over_alone": round(runs["cfg"]["denoise_s"][0] / a["denoise_s"][0], 3),
+            "job_ratio_sp_over_alone": round(runs["sp"]["job_s"][0] / a["job_s"][0], 3),
+            "job_ratio_cfg_over_alone": round(runs["cfg"]["job_s"][0] / a["job_s"][0], 3),
+            "predicted_ratio_sp": round(1 / 1.38, 3),
+            "predicted_ratio_cfg": round(1 / 1.84, 3),
+            "frames_identical_single": len({r["frames_sha256"][0] for k, r in runs.items() if not k.startswith("batch")}) == 1,
+        })
+    pred = lambda k: round(runs[k]["predicted"] / runs[k]["predicted_dp"], 3) if runs[k]["predicted"] else None
+    out.update({
+        "batch_wall_ratio_auto_over_dp": round(runs["batch_auto"]["wall_s"] / runs["batch_dp"]["wall_s"], 3),
+        "batch_predicted_ratio_auto_over_dp": pred("batch_auto"),
         "batch_wall_ratio_cfg_over_dp": round(runs["batch_cfg"]["wall_s"] / runs["batch_dp"]["wall_s"], 3),
-        "batch_predicted_ratio_cfg_over_dp": (round(runs["batch_cfg"]["predicted"] / runs["batch_cfg"]["predicted_dp"], 3)
-                                              if runs["batch_cfg"]["predicted"] else None),
-        "frames_identical_single": len({r["frames_sha256"][0] for k, r in runs.items() if not k.startswith("batch")}) == 1,
-        "frames_identical_batch": runs["batch_dp"]["frames_sha256"] == runs["batch_cfg"]["frames_sha256"]
-                                  == runs["batch_one_rank"]["frames_sha256"],
-    }
+        "batch_predicted_ratio_cfg_over_dp": pred("batch_cfg"),
+        "frames_identical_batch": runs["batch_auto"]["frames_sha256"] == runs["batch_dp"]["frames_sha256"]
+                                  == runs["batch_cfg"]["frames_sha256"] == runs["batch_one_rank"]["frames_sha256"],
+    })
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:

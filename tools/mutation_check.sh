@@ -79,6 +79,10 @@ MUTANTS=$(cat <<'EOF'
 42|lib/dlo/render/stages.cpp|a CFG group computes both branches on every rank along the sequence (no CFG split; the frames stay right)|"  else if (job.guided() && groups.partners != nullptr)"|"  else if (false)"
 43|lib/dlo/render/generate.cpp|a tail phase scheduled over the first phase's job positions (it renders the batch's first jobs again)|"    runnable_.assign(all_runnable_.begin() + ph.first, all_runnable_.begin() + ph.first + ph.count);"|"    runnable_.assign(all_runnable_.begin(), all_runnable_.begin() + ph.count);"
 44|lib/dlo/pipeline/topology.cpp|a tail phase taken for any predicted gain, however small|"  double best = whole.predicted * (1 - kTailGain);"|"  double best = whole.predicted;"
+45|lib/dlo/models/wan_transformer.cpp|sequence parallelism: RoPE from a shard's local positions instead of its tokens' global ones|"  r.rope_cos = s.rope_cos.narrow(1, offset, length);\n  r.rope_sin = s.rope_sin.narrow(1, offset, length);"|"  r.rope_cos = s.rope_cos.narrow(1, 0, length);\n  r.rope_sin = s.rope_sin.narrow(1, 0, length);"
+46|lib/dlo/dist/sequence_exchange.cpp|sequence parallelism: the head groups put back in the wrong order after attention|"  return at::cat(from, 2);"|"  return at::cat(std::vector<at::Tensor>(from.rbegin(), from.rend()), 2);"
+47|lib/dlo/offload/runner.cpp|CFG parallelism: the partners' exchange dropped (each partner takes its own prediction for both branches)|"  return gather_all(partners, out.at(0));"|"  return {out.at(0), out.at(0)};"
+48|lib/dlo/render/generate.cpp|the topology agreement compares nothing (ranks that disagree go on into the groups' collectives)|"std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n))"|"true"
 EOF
 )
 

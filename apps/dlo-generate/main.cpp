@@ -93,7 +93,9 @@ cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
       "fail-rank", "the rank of --fail-job / --fail-at-block / --fail-io-at-pass (default: every rank)",
       cxxopts::value<std::string>()->default_value("-1"))(
       "slow-decode-ms", "every VAE decode waits this long first (a slow decoder)", cxxopts::value<std::string>())(
-      "await-prepared", "at each pass boundary wait for this rank's next job's prompts (deterministic scheduling)");
+      "await-prepared", "at each pass boundary wait for this rank's next job's prompts (deterministic scheduling)")(
+      "test-topology-skew-rank", "this rank claims groups one rank larger than the others (the topology agreement)",
+      cxxopts::value<std::string>());
   return opts;
 }
 
@@ -137,6 +139,7 @@ dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
   if (a.count("fail-io-at-pass")) go.faults.io_pass = int_flag(a, "fail-io-at-pass"), go.faults.io_rank = rank < 0 ? 0 : rank;
   if (a.count("slow-decode-ms")) go.faults.decode_delay_ms = int_flag(a, "slow-decode-ms");
   go.faults.await_prepared = a.count("await-prepared") > 0;
+  if (a.count("test-topology-skew-rank")) go.faults.topology_skew_rank = static_cast<int>(int_flag(a, "test-topology-skew-rank"));
   return go;
 }
 

@@ -16,7 +16,8 @@
 #     recorded with that member's reason;
 #  4. two experts (Wan2.2 A14B preset) in groups of 2: frames as at 1 rank;
 #  5. refused by name, exit 2, nothing written: more ranks along the sequence than heads, groups
-#     that do not divide the ranks; --dry-run prints the topology and each job's ranks;
+#     that do not divide the ranks; ranks that disagree on the topology (a test hook) end before
+#     any of the groups' collectives; --dry-run prints the topology and each job's ranks;
 #  6. SIGTERM to every rank of a CFG pair: exit 143, only finished videos kept, the rerun completes;
 #  7. SIGKILL of one rank of a group mid-batch ends every rank within a bounded time.
 #   groups_cli.sh BIN_DIR
@@ -223,6 +224,15 @@ refused 4 "--sp 4 --cfg-parallel auto on 4 rank(s): 4 ranks along the sequence e
 refused 2 "--sp 2 --cfg-parallel on on 2 rank(s): groups of 4 rank(s) do not divide 2 rank(s)" --sp 2 --cfg-parallel on
 refused 2 "--cfg-parallel: 'yes' is not on, off or auto" --cfg-parallel yes
 refused 2 "--sp: 'two' is not auto or a rank count (1 or more)" --sp two
+# Ranks that disagree on the topology (a test hook: rank 1 claims groups of 3) are refused before
+# any of the groups' collectives, every rank naming the disagreement, nothing written.
+set +e
+mpirun -np 2 "${ONE[@]}" --prompt "a red fox" --guidance 4 --out "$T/no.mp4" --test-topology-skew-rank 1 >"$T/stdout" 2>"$T/stderr"
+rc=$?
+set -e
+[ "$rc" = 1 ] && grep -qF "rank 1 starts phase 0 (jobs 0 + 1) with groups of 3 rank(s) (CFG 1), rank 0 phase 0 (jobs 0 + 1) with groups of 2 (CFG 1)" "$T/stderr" \
+  && [ ! -e "$T/no.mp4" ] || fail "a rank disagreeing on the topology: exit $rc: $(cat "$T/stderr")"
+echo "ok: ranks disagreeing on the topology are refused before the groups' collectives (exit 1, the disagreement named)"
 mpirun -np 4 "${GEN[@]}" --output-dir "$T/dry" --dry-run --sp 2 >"$T/stdout" 2>"$T/log" || fail "dry run: $(cat "$T/log")"
 grep -q "job 1 'owl'.*(starts on ranks 2-3, sp 2)" "$T/stdout" && grep -q "^topology: 2 group(s) of 2 ranks" "$T/stdout" \
   || fail "the dry run's topology: $(cat "$T/stdout")"

@@ -317,8 +317,9 @@ class BatchRun {
     group_.reset();
     group_ranks_.clear();
     const TopologyPhase& ph = plan_.phases[phase_];
-    const std::vector<std::int64_t> mine = {static_cast<std::int64_t>(phase_), ph.first, ph.count, topo_.group_size,
-                                            topo_.cfg ? 1 : 0};
+    std::vector<std::int64_t> mine = {static_cast<std::int64_t>(phase_), ph.first, ph.count, topo_.group_size,
+                                      topo_.cfg ? 1 : 0};
+    if (me_ == o_.faults.topology_skew_rank) ++mine[3];  // a test hook: a rank that disagrees
     const std::size_t n = mine.size();
     const std::vector<std::int64_t> all = world_.allgather(mine, "agreeing on the topology");
     for (int r = 0; r < ranks_; ++r)

@@ -54,6 +54,7 @@ struct FaultHooks {
   int compute_rank = -1;                             // ... on this rank only (-1: every rank computing the job)
   std::int64_t transfer_block = -1;                  // this block's transfer fails ...
   int transfer_rank = -1;                            // ... on this rank (-1: every rank)
+  int topology_skew_rank = -1;                       // this rank claims groups one rank larger (the agreement's test)
   std::int64_t io_pass = -1;                         // at this pass boundary ...
   int io_rank = -1;                                  // ... this rank fails with an I/O error
   std::int64_t decode_delay_ms = 0;                  // every decode waits this long first
