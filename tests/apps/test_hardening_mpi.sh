@@ -2,7 +2,7 @@
 # Issue 8 (hardening), the faults under mpirun: every rank ends with a message within a bounded
 # time, rank 0's output is kept when the fault comes after it, and no process is left behind.
 #   1. a rank stopped while loading (start-up check) or at the closing gather: the others name the
-#      phase and the rank after DLO_GATHER_TIMEOUT_S, at 2 and 5 ranks;
+#      phase and the rank after DLO_GATHER_TIMEOUT_S, at 2 and 5 ranks; rank 0 stopped, at 3;
 #   4. a mapped checkpoint truncated during a run: a message naming the file, every rank ended
 #      (exit 1, not SIGBUS's 135), at 1 and 2 ranks; --inputs truncated mid-run does not matter.
 #   test_hardening_mpi.sh BIN_DIR PYTHON
@@ -57,6 +57,16 @@ for np in 2 5; do
     "$T/e_$np.safetensors" 2>/dev/null && ok "np $np: rank 0's output was written before the gather" || fail "np $np: output lost"
   no_leftovers "np $np, stopped at the closing gather"
 done
+# Rank 0 stopped while loading: the collectives' roll call has no one to name the missing rank, so
+# the others do, after a grace period (mpi_world.h).
+DLO_GATHER_TIMEOUT_S=3 timeout 120 mpirun -np 3 "${FWD[@]}" --out "$T/z.safetensors" --test-stop-rank 0 --test-stop-at loaded \
+  >"$T/log" 2>&1
+rc=$?
+if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "np 3, rank 0 stopped while loading: exit $rc"
+elif ! grep -q "start-up check (model and inputs loaded on every rank): rank 0 did not arrive within 3 s" "$T/log"; then
+  fail "np 3, rank 0 stopped while loading: no message naming the phase and rank 0"
+else ok "np 3, rank 0 stopped while loading: every rank ended (exit $rc), the others naming the phase and rank 0"; fi
+no_leftovers "np 3, rank 0 stopped"
 
 echo "== 4. a mapped checkpoint truncated while in use: a message naming the file, every rank ended"
 file="$T/m/transformer/diffusion_pytorch_model.safetensors"

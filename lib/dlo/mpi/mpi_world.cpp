@@ -21,33 +21,26 @@ namespace {
 // A singleton's own Open MPI session folder (MpiWorld's private_tmp_), for abort() to remove too.
 std::string g_private_tmp;
 
-// Waits for every request, polling: spins briefly (these messages are small), then sleeps between
-// tests so a waiting rank leaves the cores to the others. After `timeout_s` the ranks `peers[i]`
-// whose request i has not completed are named and every rank is ended.
-void wait_all(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, const char* phase, double timeout_s) {
+// Polls one non-blocking collective until it completes (true) or `timeout_s` has passed (false):
+// spins briefly (a pass boundary's exchange takes microseconds), then sleeps between tests, which
+// both leaves the cores to other ranks and, through MPI_Test, moves the collective's rounds on.
+bool wait_request(MPI_Request& req, double timeout_s) {
   const auto start = std::chrono::steady_clock::now();
-  std::size_t pending = reqs.size();
-  std::vector<int> done(reqs.size());
-  for (int spins = 0; pending > 0; ++spins) {
-    int n = 0;
-    MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &n, done.data(), MPI_STATUSES_IGNORE);
-    if (n == MPI_UNDEFINED) break;
-    pending -= static_cast<std::size_t>(n);
-    if (pending == 0) break;
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
     if (spins < 200) continue;
     std::this_thread::sleep_for(std::chrono::microseconds(spins < 5000 ? 50 : 1000));
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <= timeout_s) continue;
-    std::vector<int> missing;
-    for (std::size_t i = 0; i < reqs.size(); ++i)
-      if (reqs[i] != MPI_REQUEST_NULL) missing.push_back(peers[i]);
-    std::sort(missing.begin(), missing.end());
-    missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
-    std::string names;
-    for (std::size_t i = 0; i < missing.size(); ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
-    MpiWorld::abort(str(phase, ": ", missing.size() == 1 ? "rank " : "ranks ", names,
-                        " did not arrive within ", timeout_s, " s (DLO_GATHER_TIMEOUT_S): stuck, stopped or gone"));
+    if ((spins & 63) == 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s)
+      return false;
   }
 }
+
+// The roll call after a collective timed out: tag and the most a "sequence|phase" line may take.
+constexpr int kRollTag = 77;
+constexpr int kRollBytes = 256;
 
 }  // namespace
 
@@ -92,14 +85,30 @@ MpiWorld::MpiWorld(int* argc, char*** argv) {
   MPI_Comm_rank(local, &local_rank_);
   MPI_Comm_size(local, &local_size_);
   MPI_Comm_free(&local);
-  MPI_Comm comm;
+  MPI_Comm comm, roll;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  MPI_Comm_dup(MPI_COMM_WORLD, &roll);
   comm_f_ = static_cast<int>(MPI_Comm_c2f(comm));
+  roll_f_ = static_cast<int>(MPI_Comm_c2f(roll));
   have_comm_ = true;
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
   MPI_Get_processor_name(name, &len);
   host_.assign(name, static_cast<std::size_t>(len));
+  // Every rank's host, for messages that name a missing rank's node (blocking, as the
+  // MPI_Comm_split_type above: start-up is where every rank meets first).
+  std::vector<int> lens(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
+  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
+  int total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs[static_cast<std::size_t>(r)] = total;
+    total += lens[static_cast<std::size_t>(r)];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  MPI_Allgatherv(name, len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm);
+  for (int r = 0; r < size_; ++r)
+    hosts_.push_back(all.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]),
+                                static_cast<std::size_t>(lens[static_cast<std::size_t>(r)])));
 }
 
 MpiWorld::~MpiWorld() {
@@ -107,8 +116,9 @@ MpiWorld::~MpiWorld() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   if (have_comm_) {
-    MPI_Comm comm = MPI_Comm_f2c(comm_f_);
+    MPI_Comm comm = MPI_Comm_f2c(comm_f_), roll = MPI_Comm_f2c(roll_f_);
     MPI_Comm_free(&comm);
+    MPI_Comm_free(&roll);
   }
   if (we_initialised_) MPI_Finalize();
   if (!private_tmp_.empty()) {
@@ -240,9 +250,79 @@ void MpiWorld::abort_from_signal_handler(int code) noexcept {
   ::_exit(code);
 }
 
-int MpiWorld::next_tag() const {
-  // Four tags per collective; MPI guarantees tags up to 32767.
-  return 1 + static_cast<int>((seq_++ % 8000) * 4);
+void MpiWorld::complete(void* request, const char* phase) const {
+  const std::uint64_t seq = seq_++;  // every rank counts its collectives alike
+  if (!wait_request(*static_cast<MPI_Request*>(request), timeout_s_)) roll_call(seq, phase);
+}
+
+void MpiWorld::roll_call(std::uint64_t seq, const char* phase) const {
+  // Who is where: every rank that timed out says to rank 0 which collective it waits in (its
+  // number and phase); rank 0 names the ranks it did not hear from, or that wait elsewhere, and
+  // ends every rank. A rank not heard from is stuck, stopped or gone (the collective's own request
+  // cannot say which rank it lacks).
+  MPI_Comm roll = MPI_Comm_f2c(roll_f_);
+  const std::string here = str(seq, "|", phase).substr(0, kRollBytes - 1);
+  const double grace = std::min(timeout_s_, 10.0);
+  if (rank_ != 0) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    MPI_Isend(here.data(), static_cast<int>(here.size()), MPI_CHAR, 0, kRollTag, roll, &r);
+    // Rank 0 ends every rank once it has heard; if it does not, it is the one missing.
+    (void)wait_request(r, 2 * grace + 1);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(2 * grace + 1);
+    while (std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    abort(str(phase, ": rank 0 did not arrive within ", timeout_s_,
+              " s (DLO_GATHER_TIMEOUT_S): stuck, stopped or gone (it would have named any other missing rank)"));
+  }
+  std::vector<std::string> where(static_cast<std::size_t>(size_));
+  where[0] = here;
+  int heard = 1;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace);
+  while (heard < size_ && std::chrono::steady_clock::now() < until) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, kRollTag, roll, &flag, &st);
+    if (!flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    int n = 0;
+    MPI_Get_count(&st, MPI_CHAR, &n);
+    std::string text(static_cast<std::size_t>(std::max(n, 0)), '\0');
+    MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, kRollTag, roll, MPI_STATUS_IGNORE);
+    if (where[static_cast<std::size_t>(st.MPI_SOURCE)].empty()) ++heard;
+    where[static_cast<std::size_t>(st.MPI_SOURCE)] = text;
+  }
+  std::vector<int> missing;
+  std::string elsewhere;
+  for (int r = 1; r < size_; ++r) {
+    const std::string& w = where[static_cast<std::size_t>(r)];
+    if (w.empty()) {
+      missing.push_back(r);
+    } else if (w != here) {
+      elsewhere += str("; rank ", r, " waits in another collective ('", w.substr(w.find('|') + 1), "', number ",
+                       w.substr(0, w.find('|')), " against ", seq, ")");
+    }
+  }
+  std::string names;
+  for (std::size_t i = 0; i < missing.size(); ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
+  // Their nodes, when the world spans several.
+  std::vector<std::string> nodes;
+  for (const int r : missing)
+    if (std::find(nodes.begin(), nodes.end(), hosts_[static_cast<std::size_t>(r)]) == nodes.end())
+      nodes.push_back(hosts_[static_cast<std::size_t>(r)]);
+  if (!nodes.empty() && std::any_of(hosts_.begin(), hosts_.end(), [&](const std::string& h) { return h != hosts_[0]; })) {
+    names += nodes.size() == 1 ? " (on node " : " (on nodes ";
+    for (std::size_t i = 0; i < nodes.size(); ++i) names += (i ? ", " : "") + nodes[i];
+    names += ")";
+  }
+  if (missing.empty() && elsewhere.empty())
+    abort(str(phase, ": every rank is in the collective but it did not complete within ", timeout_s_,
+              " s (DLO_GATHER_TIMEOUT_S): the MPI transport is stuck"));
+  abort(str(phase, ": ",
+            missing.empty() ? std::string("no rank is missing")
+                            : str(missing.size() == 1 ? "rank " : "ranks ", names, " did not arrive within ", timeout_s_,
+                                  " s (DLO_GATHER_TIMEOUT_S): stuck, stopped or gone"),
+            elsewhere));
 }
 
 std::vector<std::int64_t> MpiWorld::allgather(std::int64_t value, const char* phase) const {
@@ -254,120 +334,74 @@ std::vector<std::int64_t> MpiWorld::allgather(const std::vector<std::int64_t>& v
   std::vector<std::int64_t> out(static_cast<std::size_t>(size_) * k);
   std::copy(values.begin(), values.end(), out.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank_) * k));
   if (size_ == 1 || k == 0) return out;
-  MPI_Comm comm = MPI_Comm_f2c(comm_f_);
-  const int tag = next_tag();
-  std::vector<MPI_Request> reqs;
-  std::vector<int> peers;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    reqs.emplace_back();
-    MPI_Irecv(&out[static_cast<std::size_t>(r) * k], static_cast<int>(k), MPI_INT64_T, r, tag, comm, &reqs.back());
-    peers.push_back(r);
-    reqs.emplace_back();
-    MPI_Isend(values.data(), static_cast<int>(k), MPI_INT64_T, r, tag, comm, &reqs.back());
-    peers.push_back(r);
-  }
-  wait_all(reqs, peers, phase, timeout_s_);
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Iallgather(values.data(), static_cast<int>(k), MPI_INT64_T, out.data(), static_cast<int>(k), MPI_INT64_T,
+                 MPI_Comm_f2c(comm_f_), &req);
+  complete(&req, phase);
   return out;
 }
 
 std::vector<std::string> MpiWorld::gather_strings(const std::string& mine, int root, const char* phase) const {
   DLO_CHECK(root >= 0 && root < size_, "gather_strings: root ", root, " is not a rank");
   if (size_ == 1) return {mine};
-  MPI_Comm comm = MPI_Comm_f2c(comm_f_);
-  const int tag = next_tag();
-  std::vector<MPI_Request> reqs;
-  std::vector<int> peers;
-  if (rank_ != root) {
-    // Size, then bytes; then wait for the root's acknowledgement, so a stuck root is noticed here.
-    std::int64_t n = static_cast<std::int64_t>(mine.size());
-    char ack = 0;
-    reqs.resize(3);
-    MPI_Isend(&n, 1, MPI_INT64_T, root, tag, comm, &reqs[0]);
-    MPI_Isend(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, root, tag + 1, comm, &reqs[1]);
-    MPI_Irecv(&ack, 1, MPI_CHAR, root, tag + 2, comm, &reqs[2]);
-    peers.assign(3, root);
-    // The root knows which ranks are missing: give it the first word (a grace period here), so
-    // the message names the stuck rank rather than "rank 0" whenever the root is alive.
-    wait_all(reqs, peers, phase, timeout_s_ + std::min(timeout_s_, 30.0));
-    return {};
-  }
-  std::vector<std::int64_t> sizes(static_cast<std::size_t>(size_), 0);
+  // The sizes to every rank (so that the root's own arrival is waited for everywhere, and every
+  // rank refuses an oversized gather alike), then the bytes to the root.
+  const std::vector<std::int64_t> sizes = allgather(static_cast<std::int64_t>(mine.size()), phase);
+  std::vector<int> counts(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
+  std::int64_t total = 0;
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    reqs.emplace_back();
-    MPI_Irecv(&sizes[static_cast<std::size_t>(r)], 1, MPI_INT64_T, r, tag, comm, &reqs.back());
-    peers.push_back(r);
+    DLO_CHECK(sizes[r] >= 0 && total + sizes[r] < (std::int64_t{1} << 31), phase, ": the gathered strings exceed 2 GiB");
+    counts[static_cast<std::size_t>(r)] = static_cast<int>(sizes[r]);
+    displs[static_cast<std::size_t>(r)] = static_cast<int>(total);
+    total += sizes[r];
   }
-  wait_all(reqs, peers, phase, timeout_s_);
+  std::string all(rank_ == root ? static_cast<std::size_t>(total) : 0, '\0');
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Igatherv(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR,
+               root, MPI_Comm_f2c(comm_f_), &req);
+  complete(&req, phase);
+  if (rank_ != root) return {};
   std::vector<std::string> out(static_cast<std::size_t>(size_));
-  out[static_cast<std::size_t>(rank_)] = mine;
-  reqs.clear();
-  peers.clear();
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    DLO_CHECK(sizes[r] >= 0 && sizes[r] < (std::int64_t{1} << 31), phase, ": rank ", r, " sent a size of ", sizes[r]);
-    out[static_cast<std::size_t>(r)].resize(static_cast<std::size_t>(sizes[r]));
-    reqs.emplace_back();
-    MPI_Irecv(out[static_cast<std::size_t>(r)].data(), static_cast<int>(sizes[r]), MPI_CHAR, r, tag + 1, comm,
-              &reqs.back());
-    peers.push_back(r);
-  }
-  static const char ack = 1;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    reqs.emplace_back();
-    MPI_Isend(&ack, 1, MPI_CHAR, r, tag + 2, comm, &reqs.back());
-    peers.push_back(r);
-  }
-  wait_all(reqs, peers, phase, timeout_s_);
+  for (int r = 0; r < size_; ++r)
+    out[static_cast<std::size_t>(r)] = all.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]),
+                                                  static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]));
   return out;
 }
 
 std::string MpiWorld::broadcast_string(const std::string& value, int root, const char* phase) const {
   DLO_CHECK(root >= 0 && root < size_, "broadcast_string: root ", root, " is not a rank");
   if (size_ == 1) return value;
-  MPI_Comm comm = MPI_Comm_f2c(comm_f_);
-  const int tag = next_tag();
-  std::vector<MPI_Request> reqs;
-  std::vector<int> peers;
-  if (rank_ == root) {
-    std::int64_t n = static_cast<std::int64_t>(value.size());
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      reqs.emplace_back();
-      MPI_Isend(&n, 1, MPI_INT64_T, r, tag, comm, &reqs.back());
-      peers.push_back(r);
-      reqs.emplace_back();
-      MPI_Isend(value.data(), static_cast<int>(value.size()), MPI_CHAR, r, tag + 1, comm, &reqs.back());
-      peers.push_back(r);
-    }
-    wait_all(reqs, peers, phase, timeout_s_);
-    return value;
-  }
-  std::int64_t n = 0;
-  reqs.resize(1);
-  MPI_Irecv(&n, 1, MPI_INT64_T, root, tag, comm, &reqs[0]);
-  peers.assign(1, root);
-  wait_all(reqs, peers, phase, timeout_s_);
+  std::int64_t n = rank_ == root ? static_cast<std::int64_t>(value.size()) : 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Ibcast(&n, 1, MPI_INT64_T, root, MPI_Comm_f2c(comm_f_), &req);
+  complete(&req, phase);
   DLO_CHECK(n >= 0 && n < (std::int64_t{1} << 31), phase, ": rank ", root, " sent a size of ", n);
-  std::string out(static_cast<std::size_t>(n), '\0');
-  MPI_Irecv(out.data(), static_cast<int>(n), MPI_CHAR, root, tag + 1, comm, &reqs[0]);
-  wait_all(reqs, peers, phase, timeout_s_);
+  std::string out = rank_ == root ? value : std::string(static_cast<std::size_t>(n), '\0');
+  if (n == 0) return out;
+  MPI_Ibcast(out.data(), static_cast<int>(n), MPI_CHAR, root, MPI_Comm_f2c(comm_f_), &req);
+  complete(&req, phase);
   return out;
 }
 
-std::int64_t MpiWorld::allreduce_max(std::int64_t value, const char* phase) const {
-  const auto all = allgather(value, phase);
-  return *std::max_element(all.begin(), all.end());
+std::int64_t MpiWorld::allreduce(std::int64_t value, bool max, const char* phase) const {
+  if (size_ == 1) return value;
+  std::int64_t out = value;
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Iallreduce(&value, &out, 1, MPI_INT64_T, max ? MPI_MAX : MPI_MIN, MPI_Comm_f2c(comm_f_), &req);
+  complete(&req, phase);
+  return out;
 }
 
-std::int64_t MpiWorld::allreduce_min(std::int64_t value, const char* phase) const {
-  const auto all = allgather(value, phase);
-  return *std::min_element(all.begin(), all.end());
-}
+std::int64_t MpiWorld::allreduce_max(std::int64_t value, const char* phase) const { return allreduce(value, true, phase); }
 
-void MpiWorld::barrier(const char* phase) const { allgather(0, phase); }
+std::int64_t MpiWorld::allreduce_min(std::int64_t value, const char* phase) const { return allreduce(value, false, phase); }
+
+void MpiWorld::barrier(const char* phase) const {
+  if (size_ == 1) return;
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Ibarrier(MPI_Comm_f2c(comm_f_), &req);
+  complete(&req, phase);
+}
 
 void MpiWorld::check_all(const std::string& my_error, const char* phase) const {
   if (allreduce_max(my_error.empty() ? 0 : 1, phase) == 0) return;

@@ -3,11 +3,15 @@
 // Works with or without mpirun/srun (a singleton run is one rank). Only mpi/ and dist/ include
 // <mpi.h> (and media/latents_h5, through parallel HDF5's own header).
 //
-// Every collective here waits a bounded time: it polls non-blocking point-to-point messages on a
-// communicator of its own, and a rank that has not arrived within timeout_s() (a rank stuck while
-// loading, a stopped or vanished process) ends every rank through abort() with a message naming
-// the phase and the ranks that did not arrive, e.g.
+// Every collective here waits a bounded time: it is one of MPI's own non-blocking collectives
+// (MPI_Iallgather, MPI_Igatherv, MPI_Ibcast, MPI_Iallreduce, MPI_Ibarrier: log N rounds, not a
+// message to every other rank) on a communicator of its own, polled against timeout_s(). A
+// collective that has not completed by then (a rank stuck while loading, a stopped or vanished
+// process, a rank in another collective) ends every rank through abort(): the ranks that timed
+// out report to rank 0 over a second communicator (a roll call: which collective each waits in),
+// and rank 0 names the phase and the ranks it did not hear from, e.g.
 //   "[0/3] fatal: start-up check: rank 2 did not arrive within 600 s (DLO_GATHER_TIMEOUT_S) ..."
+// (when rank 0 itself is the one missing, the others name it after a grace period).
 #pragma once
 
 #include <cstddef>
@@ -77,6 +81,8 @@ class MpiWorld {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   const std::string& host() const { return host_; }
+  // Every rank's host, in rank order (gathered at start-up).
+  const std::vector<std::string>& hosts() const { return hosts_; }
   // "[rank/size]" for log lines.
   std::string tag() const;
 
@@ -100,9 +106,9 @@ class MpiWorld {
   std::vector<std::int64_t> allgather(std::int64_t value, const char* phase = "allgather") const;
   // Every rank's `values` (the same count on every rank), rank after rank: size() * values.size().
   std::vector<std::int64_t> allgather(const std::vector<std::int64_t>& values, const char* phase = "allgather") const;
-  // Root gets every rank's string in rank order; the others get {}. Non-roots wait for the root
-  // too (up to twice the timeout, at most 30 s more, so that a live root names the missing rank
-  // first), so a stuck root is noticed by every rank.
+  // Root gets every rank's string in rank order; the others get {}. The sizes go to every rank
+  // first (an allgather), so non-roots wait for the root too and a stuck root is noticed by
+  // every rank; then the bytes to the root. At most 2 GiB in all.
   std::vector<std::string> gather_strings(const std::string& mine, int root = 0,
                                           const char* phase = "gather") const;
   std::string broadcast_string(const std::string& value, int root = 0, const char* phase = "broadcast") const;
@@ -128,14 +134,20 @@ class MpiWorld {
   void check_all(const std::string& my_error, const char* phase = "start-up check") const;
 
  private:
-  int next_tag() const;
+  // Polls `request` (an MPI_Request*: <mpi.h> stays out of this header) to completion; after
+  // timeout_s() the roll call, then every rank ends.
+  void complete(void* request, const char* phase) const;
+  [[noreturn]] void roll_call(std::uint64_t seq, const char* phase) const;
+  std::int64_t allreduce(std::int64_t value, bool max, const char* phase) const;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::string host_;
+  std::vector<std::string> hosts_;
   bool we_initialised_ = false;
   std::string private_tmp_;  // a singleton's own Open MPI session folder, removed after MPI_Finalize
   int comm_f_ = 0;                // the duplicated communicator (Fortran handle: no <mpi.h> here)
+  int roll_f_ = 0;                // another, for the roll call after a timeout
   bool have_comm_ = false;
-  mutable std::uint64_t seq_ = 0;  // collectives made: every rank counts alike, tags follow it
+  mutable std::uint64_t seq_ = 0;  // collectives made: every rank counts alike (the roll call names them)
   double timeout_s_ = kDefaultGatherTimeoutS;
 };
 

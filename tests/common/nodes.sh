@@ -1,0 +1,103 @@
+# Several "nodes" on this machine for the tests that cross a network (issue 21), sourced after
+# tests/common/cli.sh (it uses T, fail and the trap's cleanup):
+#
+#   source "$(dirname "$0")/../common/nodes.sh"
+#   nodes_start 2                  # node0, node1: each a network namespace (and, for what runs in
+#                                  # it, a UTS namespace whose hostname is the node's name)
+#   nodes_mpirun 2 CMD...          # mpirun on node0 (the head) with 2 ranks per node, over TCP
+#   node_run 1 CMD...              # CMD on node1 (its network, its hostname)
+#   node_link 1 down|up            # cut or restore node1's link
+#   node_kill 1                    # SIGKILL every process on node1
+#
+# The network: a switch namespace holding a bridge, and one veth from each node to it; node i
+# has 198.51.100.(10 + i)/24 (TEST-NET-2) and its loopback; nothing else is connected. Open MPI
+# starts the other nodes' daemons through an rsh agent that enters the node's namespaces (no
+# sshd) and talks over those addresses only (oob and btl tcp restricted to 198.51.100.0/24).
+# Names are unique to the test (its pid), so tests running at once do not meet. nodes_stop (also
+# on EXIT, after cli.sh's cleanup) kills every process left in the namespaces and deletes them.
+# Needs root and iproute2 (ip netns, veth, bridge) and util-linux's unshare; nodes_available
+# says whether this machine can (a test exits 77, skipped, when it cannot).
+
+NODES_PREFIX="dlo$$"
+NODES_COUNT=0
+NODES_AGENT="$T/node-agent.sh"
+
+nodes_available() {
+  [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null || return 1
+  ip netns add "${NODES_PREFIX}probe" 2>/dev/null || return 1
+  ip netns del "${NODES_PREFIX}probe"
+}
+
+node_ns() { echo "${NODES_PREFIX}n$1"; }
+node_addr() { echo "198.51.100.$((10 + $1))"; }
+
+nodes_stop() {
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${NODES_PREFIX}"); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
+
+nodes_start() {  # nodes_start N
+  local n=$1 i sw="${NODES_PREFIX}sw"
+  NODES_COUNT=$n
+  trap 'cleanup; nodes_stop' EXIT
+  ip netns add "$sw" || fail "cannot create the switch namespace"
+  ip -n "$sw" link add br0 type bridge && ip -n "$sw" link set br0 up || fail "cannot create the bridge"
+  for ((i = 0; i < n; i++)); do
+    local ns
+    ns=$(node_ns "$i")
+    ip netns add "$ns" || fail "cannot create node $i's namespace"
+    ip link add "${NODES_PREFIX}v$i" type veth peer name "${NODES_PREFIX}s$i" || fail "cannot create node $i's link"
+    ip link set "${NODES_PREFIX}v$i" netns "$ns" name eth0
+    ip link set "${NODES_PREFIX}s$i" netns "$sw"
+    ip -n "$sw" link set "${NODES_PREFIX}s$i" master br0
+    ip -n "$sw" link set "${NODES_PREFIX}s$i" up
+    ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+  done
+  # Open MPI's rsh agent: `agent [options] HOST CMD...` runs CMD on HOST (node0 ... nodeN-1).
+  cat >"$NODES_AGENT" <<EOF
+#!/bin/sh
+while [ \$# -gt 0 ]; do case "\$1" in -*) shift ;; *) break ;; esac; done
+host=\$1; shift
+exec ip netns exec "${NODES_PREFIX}n\${host#node}" unshare --uts sh -c 'hostname "\$0"; exec sh -c "\$*"' "\$host" "\$@"
+EOF
+  chmod +x "$NODES_AGENT"
+}
+
+node_run() {  # node_run I CMD...: CMD in node I's network and with its hostname
+  local i=$1
+  shift
+  ip netns exec "$(node_ns "$i")" unshare --uts sh -c 'hostname "$0"; exec "$@"' "node$i" "$@"
+}
+
+# nodes_mpirun K [--head I] CMD...: CMD as one MPI job of K ranks on each node (ranks node by
+# node), mpirun itself on node I (default 0). OMPI_* and DLO_* settings travel with -x.
+nodes_mpirun() {
+  local k=$1 head=0 hosts="" i
+  shift
+  if [ "${1:-}" = --head ]; then head=$2; shift 2; fi
+  for ((i = 0; i < NODES_COUNT; i++)); do hosts+="${hosts:+,}node$i:$k"; done
+  local xs=() v
+  for v in $(env | grep -oE '^(OMPI_ALLOW[A-Z_]*|DLO_[A-Z_]*|OMP_NUM_THREADS)=' | tr -d '='); do xs+=(-x "$v"); done
+  node_run "$head" mpirun --mca plm_rsh_agent "$NODES_AGENT" --mca oob_tcp_if_include 198.51.100.0/24 \
+    --mca btl_tcp_if_include 198.51.100.0/24 --mca btl self,vader,tcp --mca pml ob1 \
+    --mca btl_vader_single_copy_mechanism none --host "$hosts" -np $((k * NODES_COUNT)) "${xs[@]}" "$@"
+}
+
+node_link() {  # node_link I down|up
+  ip -n "${NODES_PREFIX}sw" link set "${NODES_PREFIX}s$1" "$2"
+}
+
+node_kill() {  # node_kill I: SIGKILL every process in node I's network namespace
+  ip netns pids "$(node_ns "$1")" | xargs -r kill -KILL
+}
+
+# The bytes node I sent and received over its link so far.
+node_bytes() {
+  ip -n "$(node_ns "$1")" -s -j link show eth0 | python3 -c \
+    "import json,sys; s=json.load(sys.stdin)[0]['stats64']; print(s['tx']['bytes'], s['rx']['bytes'])"
+}

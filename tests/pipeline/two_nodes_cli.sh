@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# dlo-generate across two nodes simulated on this machine (tests/common/nodes.sh: a network and
+# hostname namespace per node, veth links on TEST-NET-2, Open MPI started through an rsh agent,
+# TCP between the nodes), 2 ranks per node, on a random-weight model:
+#  1. a batch whose tail is regrouped across the nodes: every job's frames equal one node's run;
+#     each rank's host and local rank are its node's (node0: 0, 1; node1: 0, 1); the memory rule
+#     counts the ranks of a node (2), not of the world (4); results.jsonl has one ok line per job
+#     and every video once, in the one output folder both nodes see;
+#  2. the same command started from node1 (mpirun there) resumes: every job skipped;
+#  3. --save-latents FILE.h5: the ranks of both nodes write one HDF5 file (parallel HDF5 over
+#     MPI-IO), every job complete, read back with h5py;
+#  4. every rank of node1 killed mid-batch: every rank ends within 30 s, mpirun naming node1,
+#     nothing recorded as done that is not whole; the rerun on both nodes takes the dead run's lock
+#     over and completes the batch;
+#  5. node1's link cut mid-wave: every rank ends within the gather timeout (+ its grace) with a
+#     message naming the phase; nothing recorded as done that is not whole.
+#   two_nodes_cli.sh BIN_DIR
+# Exit 77 (skipped) where namespaces cannot be made (not root, no iproute2).
+set -euo pipefail
+# shellcheck source=tests/common/cli.sh
+source "$(dirname "$0")/../common/cli.sh" "$1"
+# shellcheck source=tests/common/nodes.sh
+source "$(dirname "$0")/../common/nodes.sh"
+nodes_available || { echo "SKIP: cannot create network namespaces here (root and iproute2 needed)"; exit 77; }
+nodes_start 2
+
+"$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null
+cat >"$T/jobs.yaml" <<EOF
+model: m
+defaults: {frames: 5, height: 32, width: 48, steps: 2, guidance: 4}
+jobs:
+  - {id: j0, prompt: "a red fox", seed: 1}
+  - {id: j1, prompt: "an owl", seed: 2}
+  - {id: j2, prompt: "a boat", seed: 3, steps: 3}
+  - {id: j3, prompt: "a car", seed: 4}
+  - {id: j4, prompt: "an elk", seed: 5}
+EOF
+GEN=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/jobs.yaml" --offload dlo)
+sha_of() {  # sha_of RESULTS ID: the job's last recorded frames sha256
+  grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4
+}
+same_as_ref() {  # same_as_ref DIR: every job's frames as in the one-node run
+  for id in j0 j1 j2 j3 j4; do
+    [ -n "$(sha_of "$T/ref/results.jsonl" "$id")" ] && [ "$(sha_of "$1/results.jsonl" "$id")" = "$(sha_of "$T/ref/results.jsonl" "$id")" ] \
+      || fail "$1: $id's frames differ from one node's"
+  done
+}
+# Nothing recorded ok whose video is not whole: each ok line's output exists with its recorded size.
+only_whole_recorded() {
+  python3 - "$1" <<'PY' || fail "$1: a job recorded ok without its whole video"
+import json, os, sys
+for line in open(os.path.join(sys.argv[1], "results.jsonl")):
+    r = json.loads(line)
+    if r["status"] == "ok":
+        assert os.path.getsize(r["output"]) == r["output_bytes"], r
+PY
+}
+mpirun -np 4 "${GEN[@]}" --output-dir "$T/ref" 2>"$T/log" || fail "one node: $(cat "$T/log")"
+
+# 1. Two nodes.
+nodes_mpirun 2 "${GEN[@]}" --output-dir "$T/two" --report "$T/two.json" 2>"$T/log" || fail "two nodes: $(cat "$T/log")"
+same_as_ref "$T/two"
+python3 - "$T/two.json" "$T/two/results.jsonl" <<'PY' || fail "two nodes: the ranks' facts"
+import json, sys
+r = json.load(open(sys.argv[1]))
+where = [(x["rank"], x["host"], x["local_rank"]) for x in r["ranks"]]
+assert where == [(0, "node0", 0), (1, "node0", 1), (2, "node1", 0), (3, "node1", 1)], where
+lines = [json.loads(l) for l in open(sys.argv[2])]
+assert sorted(l["id"] for l in lines) == ["j0", "j1", "j2", "j3", "j4"] and all(l["status"] == "ok" for l in lines), lines
+tail = [l for l in lines if l["id"] == "j4"][0]
+assert tail["ranks"] == [0, 1, 2, 3] and tail["parallel"] == "cfg 2 x sp 2", tail
+print("ok: two nodes x 2 ranks:", where, "| the tail job on ranks", tail["ranks"], "of both nodes,", tail["parallel"])
+PY
+[ "$(find "$T/two" -name '*.mp4' | wc -l)" = 5 ] || fail "two nodes: $(ls "$T/two")"
+# The host memory rule per node: resident weights are a node's page cache, and each of the node's
+# ranks adds its working memory: 2 ranks per node on two nodes, 4 on one.
+DRY=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/jobs.yaml" --dry-run)
+nodes_mpirun 2 "${DRY[@]}" --output-dir "$T/dry" >"$T/stdout" 2>"$T/log" || fail "dry run: $(cat "$T/log")"
+mpirun -np 4 "${DRY[@]}" --output-dir "$T/dry1" >"$T/stdout1" 2>"$T/log" || fail "dry run: $(cat "$T/log")"
+grep -q "x 2 rank(s) fit in the node's available memory" "$T/stdout" && grep -q "x 4 rank(s) fit in the node's available memory" "$T/stdout1" \
+  || fail "the host memory rule is not per node: $(grep -h 'strategy' "$T/stdout" "$T/stdout1")"
+echo "ok: every job's frames as on one node; one line per job, every video once; the host budget per node"
+
+# 2. Resumed from the other node.
+nodes_mpirun 2 --head 1 "$BIN/dlo-generate" --threads 1 --jobs "$T/jobs.yaml" --offload dlo --output-dir "$T/two" \
+  >"$T/log" 2>&1 || fail "resume from node1: $(cat "$T/log")"
+grep -q "5 already done" "$T/log" && [ "$(wc -l <"$T/two/results.jsonl")" = 5 ] || fail "resume from node1: $(tail -3 "$T/log")"
+echo "ok: started from node1, the same command finds every job done"
+
+# 3. HDF5 latents from both nodes' ranks into one file.
+nodes_mpirun 2 "${GEN[@]}" --output-dir "$T/h5" --save-latents "$T/lat.h5" 2>"$T/log" || fail "latents: $(cat "$T/log")"
+/usr/bin/python3 - "$T/lat.h5" <<'PY' || fail "the latents file"
+import sys
+import h5py
+with h5py.File(sys.argv[1], "r") as f:
+    names = [n.decode() if isinstance(n, bytes) else n for n in f["_complete"].attrs["names"]]
+    done = dict(zip(names, f["_complete"][:]))
+    assert sorted(done) == ["j0", "j1", "j2", "j3", "j4"] and all(v == 1 for v in done.values()), done
+    assert all(f[k].shape == (1, 16, 2, 4, 6) for k in done), [f[k].shape for k in done]
+print("ok: the latents of both nodes' jobs in one HDF5 file, every job complete")
+PY
+
+# 4. Every rank of node1 killed mid-batch.
+{ echo "model: m"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 40}"; echo "jobs:"
+  for i in $(seq 0 11); do echo "  - {id: k$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$T/long.yaml"
+LONG=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/long.yaml" --offload dlo)
+nodes_mpirun 2 "${LONG[@]}" --output-dir "$T/kill" >"$T/kill.log" 2>&1 &
+pid=$!
+wait_for_results "$T/kill/results.jsonl" 1
+t0=$(date +%s)
+node_kill 1
+set +e
+wait $pid
+rc=$?
+set -e
+dt=$(($(date +%s) - t0))
+[ "$rc" != 0 ] && [ "$dt" -le 30 ] || fail "node1 killed: exit $rc after $dt s"
+grep -q "node1" "$T/kill.log" || fail "node1 killed: the message does not name the node: $(tail -5 "$T/kill.log")"
+! pgrep -f "^[^ ]*dlo-generate .*$T/kill" >/dev/null || fail "node1 killed: a rank outlived it"
+only_whole_recorded "$T/kill"
+echo "ok: node1's ranks killed: every rank ended in $dt s (exit $rc), the node named; only whole videos recorded"
+# The rerun on the two nodes again: rank 0 on node0, the host of the dead run's lock, sees that
+# run's process gone and takes the folder over (from another host it would wait for the lock to
+# go stale: a process elsewhere cannot be checked).
+nodes_mpirun 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/long.yaml" --offload dlo --output-dir "$T/kill" >"$T/log" 2>&1 \
+  || fail "the rerun after node1's death: $(cat "$T/log")"
+grep -q "took over the lock" "$T/log" || fail "the rerun did not take over the dead run's lock: $(head -3 "$T/log")"
+[ "$(grep -c '"status":"ok"' "$T/kill/results.jsonl")" = 12 ] || fail "the rerun did not complete the batch"
+only_whole_recorded "$T/kill"
+echo "ok: the rerun on both nodes takes the dead run's lock over and completes the batch"
+
+# 5. node1's link cut mid-wave: the gathers time out and every rank ends, naming the phase.
+export DLO_GATHER_TIMEOUT_S=10
+nodes_mpirun 2 "${LONG[@]}" --output-dir "$T/cut" >"$T/cut.log" 2>&1 &
+pid=$!
+wait_for_results "$T/cut/results.jsonl" 1
+t0=$(date +%s)
+node_link 1 down
+# mpirun's own daemon on node1 is cut off too: the ranks end by themselves (rank 0 names the
+# ranks it did not hear from), while mpirun waits for that daemon; the test ends mpirun once every
+# rank is gone (a batch system ends the job's processes the same way).
+for _ in $(seq 90); do pgrep -f "^[^ ]*dlo-generate .*$T/cut" >/dev/null || break; sleep 1; done
+dt=$(($(date +%s) - t0))
+node_link 1 up
+pgrep -f "^[^ ]*dlo-generate .*$T/cut" >/dev/null && fail "link cut: ranks still running $dt s later"
+kill -KILL $pid 2>/dev/null || true
+wait $pid 2>/dev/null || true
+unset DLO_GATHER_TIMEOUT_S
+[ "$dt" -le 60 ] || fail "link cut: the ranks ended only $dt s later"
+grep -qE "fatal: .*(pass|gather|boundary|exchange|did not arrive|has not finished)" "$T/cut.log" \
+  || fail "link cut: no message naming the phase: $(grep -i fatal "$T/cut.log" | head -3)"
+only_whole_recorded "$T/cut"
+echo "ok: node1's link cut mid-wave: every rank ended $dt s later, naming the phase: $(grep -m1 -o 'fatal: .*' "$T/cut.log" | cut -c1-160)"
