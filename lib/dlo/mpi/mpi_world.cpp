@@ -31,10 +31,14 @@ bool wait_request(MPI_Request& req, double timeout_s) {
     MPI_Test(&req, &done, MPI_STATUS_IGNORE);
     if (done) return true;
     if (spins < 200) continue;
-    std::this_thread::sleep_for(std::chrono::microseconds(spins < 5000 ? 50 : 1000));
-    if ((spins & 63) == 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s)
-      return false;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_s) return false;
+    // The first 20 ms: give the core to any other rank that has work (with more ranks than cores
+    // the collective's next round waits for them to run) and test again at once; then sleep.
+    if (waited < 0.02)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(waited < 1 ? 50 : 1000));
   }
 }
 
@@ -49,11 +53,16 @@ MpiWorld::MpiWorld(int* argc, char*** argv) {
   MPI_Initialized(&initialised);
   int provided = 0;
   if (!initialised) {
+    // Open MPI picks the linear algorithm for MPI_Iallgather (every rank sends to every other, as
+    // the pass boundary's exchange once did by hand); recursive doubling takes log2 N rounds where
+    // N is a power of two (linear otherwise): 0.45x and 0.48x the linear one's time at 32 and 64
+    // ranks here (docs/benchmarks.md). A value the user set wins; other MPIs ignore the variable.
+    ::setenv("OMPI_MCA_coll_libnbc_iallgather_algorithm", "2", 0);
     // Started without a launcher (a plain `./dlo-forward`): Open MPI 4.1's singleton init would
     // fork/exec `orted`, which a bare GPU machine or a bundle without it lacks (then MPI_Init
-    // aborts). An isolated singleton needs no daemon and runs as one rank. This is the one place
-    // the library reads the environment: which launcher started the process is not the user's
-    // input but decides how MPI must start. setenv(..., 0) keeps a value the user set.
+    // aborts). An isolated singleton needs no daemon and runs as one rank. This is where the
+    // library reads the environment: which launcher started the process is not the user's input
+    // but decides how MPI must start. setenv(..., 0) keeps a value the user set.
     const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
                           std::getenv("PMI_RANK") || std::getenv("SLURM_PROCID");
     if (!launched) {
