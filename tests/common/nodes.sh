@@ -7,7 +7,7 @@
 #   nodes_mpirun 2 CMD...          # mpirun on node0 (the head) with 2 ranks per node, over TCP
 #   node_run 1 CMD...              # CMD on node1 (its network, its hostname)
 #   node_link 1 down|up            # cut or restore node1's link
-#   node_kill 1                    # SIGKILL every process on node1
+#   node_kill 1 [PATTERN]          # SIGKILL node1's processes (matching PATTERN; all without one)
 #
 # The network: a switch namespace holding a bridge, and one veth from each node to it; node i
 # has 198.51.100.(10 + i)/24 (TEST-NET-2) and its loopback; nothing else is connected. Open MPI
@@ -92,8 +92,11 @@ node_link() {  # node_link I down|up
   ip -n "${NODES_PREFIX}sw" link set "${NODES_PREFIX}s$1" "$2"
 }
 
-node_kill() {  # node_kill I: SIGKILL every process in node I's network namespace
-  ip netns pids "$(node_ns "$1")" | xargs -r kill -KILL
+node_kill() {  # node_kill I [PATTERN]: SIGKILL node I's processes (those whose command line matches PATTERN)
+  local p
+  for p in $(ip netns pids "$(node_ns "$1")"); do
+    if [ -z "${2:-}" ] || tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "$2"; then kill -KILL "$p" 2>/dev/null || true; fi
+  done
 }
 
 # The bytes node I sent and received over its link so far.
