@@ -15,15 +15,17 @@
 # sshd) and talks over those addresses only (oob and btl tcp restricted to 198.51.100.0/24).
 # Names are unique to the test (its pid), so tests running at once do not meet. nodes_stop (also
 # on EXIT, after cli.sh's cleanup) kills every process left in the namespaces and deletes them.
-# Needs root and iproute2 (ip netns, veth, bridge) and util-linux's unshare; nodes_available
-# says whether this machine can (a test exits 77, skipped, when it cannot).
+# Processes enter a node's network with nsenter (not `ip netns exec`, which remounts /sys without
+# the cgroup file system slurmd needs). Needs root, iproute2 (ip netns, veth, bridge) and
+# util-linux (nsenter, unshare); nodes_available says whether this machine can (a test exits 77,
+# skipped, when it cannot).
 
 NODES_PREFIX="dlo$$"
 NODES_COUNT=0
 NODES_AGENT="$T/node-agent.sh"
 
 nodes_available() {
-  [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null || return 1
+  [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null && command -v nsenter >/dev/null || return 1
   ip netns add "${NODES_PREFIX}probe" 2>/dev/null || return 1
   ip netns del "${NODES_PREFIX}probe"
 }
@@ -63,7 +65,7 @@ nodes_start() {  # nodes_start N
 #!/bin/sh
 while [ \$# -gt 0 ]; do case "\$1" in -*) shift ;; *) break ;; esac; done
 host=\$1; shift
-exec ip netns exec "${NODES_PREFIX}n\${host#node}" unshare --uts sh -c 'hostname "\$0"; exec sh -c "\$*"' "\$host" "\$@"
+exec nsenter --net=/run/netns/${NODES_PREFIX}n\${host#node} unshare --uts sh -c 'hostname "\$0"; exec sh -c "\$*"' "\$host" "\$@"
 EOF
   chmod +x "$NODES_AGENT"
 }
@@ -71,7 +73,7 @@ EOF
 node_run() {  # node_run I CMD...: CMD in node I's network and with its hostname
   local i=$1
   shift
-  ip netns exec "$(node_ns "$i")" unshare --uts sh -c 'hostname "$0"; exec "$@"' "node$i" "$@"
+  nsenter --net="/run/netns/$(node_ns "$i")" unshare --uts sh -c 'hostname "$0"; exec "$@"' "node$i" "$@"
 }
 
 # nodes_mpirun K [--head I] CMD...: CMD as one MPI job of K ranks on each node (ranks node by
