@@ -5,7 +5,8 @@
 #  1. a batch whose tail is regrouped across the nodes: every job's frames equal one node's run;
 #     each rank's host and local rank are its node's (node0: 0, 1; node1: 0, 1); the memory rule
 #     counts the ranks of a node (2), not of the world (4); results.jsonl has one ok line per job
-#     and every video once, in the one output folder both nodes see;
+#     and every video once, in the one output folder both nodes see; the exclusive-device check
+#     counts ranks per host (test_device_hosts: 1 rank per node shares nothing, 2 per node do);
 #  2. the same command started from node1 (mpirun there) resumes: every job skipped;
 #  3. --save-latents FILE.h5: the ranks of both nodes write one HDF5 file (parallel HDF5 over
 #     MPI-IO), every job complete, read back with h5py;
@@ -81,6 +82,11 @@ mpirun -np 4 "${DRY[@]}" --output-dir "$T/dry1" >"$T/stdout1" 2>"$T/log" || fail
 grep -q "x 2 rank(s) fit in the node's available memory" "$T/stdout" && grep -q "x 4 rank(s) fit in the node's available memory" "$T/stdout1" \
   || fail "the host memory rule is not per node: $(grep -h 'strategy' "$T/stdout" "$T/stdout1")"
 echo "ok: every job's frames as on one node; one line per job, every video once; the host budget per node"
+# The exclusive-device check per host: one rank per node on cuda:0 shares nothing; two per node
+# share each node's device (test_device_hosts asserts both from the ranks' hosts).
+nodes_mpirun 1 "$BIN/test_device_hosts" >"$T/log" 2>&1 || fail "device check, 1 rank per node: $(tail -20 "$T/log")"
+nodes_mpirun 2 "$BIN/test_device_hosts" >"$T/log" 2>&1 || fail "device check, 2 ranks per node: $(tail -20 "$T/log")"
+echo "ok: the exclusive-device check is per host (1 rank per node: none shared; 2 per node: each node's pair refused)"
 
 # 2. Resumed from the other node.
 nodes_mpirun 2 --head 1 "$BIN/dlo-generate" --threads 1 --jobs "$T/jobs.yaml" --offload dlo --output-dir "$T/two" \
