@@ -7,6 +7,7 @@
 #   nodes_mpirun 2 CMD...          # mpirun on node0 (the head) with 2 ranks per node, over TCP
 #   node_run 1 CMD...              # CMD on node1 (its network, its hostname)
 #   node_link 1 down|up            # cut or restore node1's link
+#   node_slow 1 8mbit|off          # shape node1's outgoing link (tbf)
 #   node_kill 1 [PATTERN]          # SIGKILL node1's processes (matching PATTERN; all without one)
 #
 # The network: a switch namespace holding a bridge, and one veth from each node to it; node i
@@ -92,6 +93,18 @@ nodes_mpirun() {
 
 node_link() {  # node_link I down|up
   ip -n "${NODES_PREFIX}sw" link set "${NODES_PREFIX}s$1" "$2"
+}
+
+# node_slow I RATE: node I's outgoing link shaped to RATE (e.g. 8mbit; tbf, up to 400 ms queued);
+# `node_slow I off` restores it. (A fixed delay needs netem, which not every kernel has.)
+node_slow() {
+  local ns
+  ns=$(node_ns "$1")
+  if [ "$2" = off ]; then
+    tc -n "$ns" qdisc del dev eth0 root 2>/dev/null || true
+  else
+    tc -n "$ns" qdisc add dev eth0 root tbf rate "$2" burst 32kbit latency 400ms
+  fi
 }
 
 node_kill() {  # node_kill I [PATTERN]: SIGKILL node I's processes (those whose command line matches PATTERN)

@@ -35,7 +35,8 @@ class Collective {
   // CPU: blocks until done. NCCL: `stream` is the cudaStream_t to enqueue on; returns once the
   // gather is enqueued on that stream (the call is complete on the communicator, so an event
   // recorded on `stream` afterwards follows the gather kernel). Throws dlo::Error on an NCCL
-  // error or after timeout_s() (having aborted the communicator), and after abort().
+  // error or after timeout_s() (having aborted the communicator), and after abort(). MPI: after
+  // timeout_s() every rank ends (MpiWorld::abort_after_timeout names the ranks that did not arrive).
   virtual void allgather_inplace(void* buffer, std::size_t shard_bytes, void* stream = nullptr) = 0;
 
   // NCCL: raises dlo::Error if the communicator reported an asynchronous error (a peer died, a

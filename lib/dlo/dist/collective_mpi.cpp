@@ -18,7 +18,8 @@ namespace {
 class MpiCollective final : public Collective {
  public:
   explicit MpiCollective(const MpiWorld& world)
-      : rank_(world.rank()),
+      : world_(world),
+        rank_(world.rank()),
         size_(world.size()),
         timeout_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double>(world.timeout_s()))) {
@@ -57,7 +58,7 @@ class MpiCollective final : public Collective {
       MPI_Type_commit(&strided);
       MPI_Request req;
       int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base + done, 1, strided, comm_, &req);
-      if (rc == MPI_SUCCESS) rc = wait(req, shard_bytes);
+      if (rc == MPI_SUCCESS) rc = wait(req);
       MPI_Type_free(&strided);
       MPI_Type_free(&chunk);
       DLO_CHECK_KIND(ErrorKind::kTransfer, rc == MPI_SUCCESS, "MPI_Allgather of ", shard_bytes, "-byte shards failed (code ", rc, ")");
@@ -67,8 +68,10 @@ class MpiCollective final : public Collective {
  private:
   // Polls the request: spins briefly (small gathers finish in microseconds), then sleeps between
   // tests so a waiting rank leaves the cores to compute. A gather that has not finished in
-  // MpiWorld::timeout_s() (DLO_GATHER_TIMEOUT_S in the apps) means a rank is gone or stuck: dlo::Error.
-  int wait(MPI_Request& req, std::size_t shard_bytes) {
+  // MpiWorld::timeout_s() (DLO_GATHER_TIMEOUT_S in the apps) means a rank is gone or stuck: the
+  // ranks that waited hold the world's roll call, and every rank ends with the missing ranks and
+  // their nodes named (the request, still active, may yet write into the slot: nothing can unwind).
+  int wait(MPI_Request& req) {
     const auto start = std::chrono::steady_clock::now();
     for (int spins = 0;; ++spins) {
       int done = 0;
@@ -76,14 +79,13 @@ class MpiCollective final : public Collective {
       if (rc != MPI_SUCCESS || done) return rc;
       if (spins < 2000) continue;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() - start > timeout_)
-        throw Error(str("an AllGather of ", shard_bytes, "-byte shards has not finished in ",
-                        std::chrono::duration<double>(timeout_).count(),
-                        " s (DLO_GATHER_TIMEOUT_S): a rank is gone or stuck"),
-                    ErrorKind::kTransfer);
+      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() - start > timeout_) {
+        world_.abort_after_timeout("the weight gathers (AllGather)");
+      }
     }
   }
 
+  const MpiWorld& world_;
   int rank_, size_;
   std::chrono::steady_clock::duration timeout_;
   MPI_Comm comm_ = MPI_COMM_NULL;

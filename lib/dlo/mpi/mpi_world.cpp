@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "dlo/common/folder_lock.h"
@@ -262,6 +263,10 @@ void MpiWorld::abort_from_signal_handler(int code) noexcept {
 void MpiWorld::complete(void* request, const char* phase) const {
   const std::uint64_t seq = seq_++;  // every rank counts its collectives alike
   if (!wait_request(*static_cast<MPI_Request*>(request), timeout_s_)) roll_call(seq, phase);
+}
+
+void MpiWorld::abort_after_timeout(const char* phase) const {
+  roll_call(std::numeric_limits<std::uint64_t>::max(), phase);  // a number no small collective has
 }
 
 void MpiWorld::roll_call(std::uint64_t seq, const char* phase) const {

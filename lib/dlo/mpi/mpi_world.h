@@ -97,6 +97,12 @@ class MpiWorld {
   // Safe from any thread. Used when a rank cannot continue and the others would otherwise wait
   // in a collective forever.
   [[noreturn]] static void abort(const std::string& message, int code = 1);
+  // Ends every rank after a collective on another communicator (the weight gathers of
+  // make_mpi_collective) did not complete within timeout_s(): the ranks that timed out in it hold
+  // the roll call described at the top under `phase` (the same on every rank), and rank 0 names
+  // the ranks it did not hear from and their nodes. Any thread; every live rank should be timing
+  // out in that collective too (else rank 0 reports the ranks that are elsewhere).
+  [[noreturn]] void abort_after_timeout(const char* phase) const;
   // The same without a message, from a signal handler (async-signal-safe calls only).
   [[noreturn]] static void abort_from_signal_handler(int code) noexcept;
 
