@@ -8,6 +8,7 @@
 #   node_run 1 CMD...              # CMD on node1 (its network, its hostname)
 #   node_link 1 down|up            # cut or restore node1's link
 #   node_slow 1 8mbit|off          # shape node1's outgoing link (tbf)
+#   node_delay 1 200|off           # hold node1's outgoing packets 200 ms (delay_line.py)
 #   node_kill 1 [PATTERN]          # SIGKILL node1's processes (matching PATTERN; all without one)
 #
 # The network: a switch namespace holding a bridge, and one veth from each node to it; node i
@@ -24,6 +25,8 @@
 NODES_PREFIX="dlo$$"
 NODES_COUNT=0
 NODES_AGENT="$T/node-agent.sh"
+NODES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+declare -a NODES_DELAY_PID=()
 
 nodes_available() {
   [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null && command -v nsenter >/dev/null || return 1
@@ -105,6 +108,36 @@ node_slow() {
   else
     tc -n "$ns" qdisc add dev eth0 root tbf rate "$2" burst 32kbit latency 400ms
   fi
+}
+
+# node_delay I MS: node I's outgoing IPv4 packets to the other nodes held MS milliseconds, in order
+# (a one-way delay, as netem's on eth0 would be; this kernel has no netem): a tun device, through
+# which node I routes the other nodes' addresses, and delay_line.py, which writes each packet out of
+# eth0 MS later. `node_delay I off` ends it (its device and routes go with it).
+node_delay() {
+  local i=$1 ns j peers=()
+  ns=$(node_ns "$i")
+  if [ "$2" = off ]; then
+    if [ -n "${NODES_DELAY_PID[$i]:-}" ]; then
+      kill "${NODES_DELAY_PID[$i]}" 2>/dev/null || true
+      wait "${NODES_DELAY_PID[$i]}" 2>/dev/null || true
+      NODES_DELAY_PID[$i]=""
+    fi
+    return 0
+  fi
+  for ((j = 0; j < NODES_COUNT; j++)); do
+    [ "$j" = "$i" ] && continue
+    peers+=("$(node_addr "$j")=$(ip -n "$(node_ns "$j")" -br link show eth0 | awk '{print $3}')")
+  done
+  nsenter --net="/run/netns/$ns" python3 "$NODES_DIR/delay_line.py" eth0 dly0 "$2" "${peers[@]}" >"$T/delay$i.log" 2>&1 &
+  NODES_DELAY_PID[$i]=$!
+  for _ in $(seq 100); do ip -n "$ns" link show dly0 >/dev/null 2>&1 && break; sleep 0.05; done
+  ip -n "$ns" link set dly0 up || fail "node $i's delay line did not start: $(cat "$T/delay$i.log")"
+  # Replies from the others arrive on eth0 while the way back to them is dly0: no reverse-path filter.
+  nsenter --net="/run/netns/$ns" sh -c 'for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 >"$f"; done'
+  for ((j = 0; j < NODES_COUNT; j++)); do
+    [ "$j" = "$i" ] || ip -n "$ns" route add "$(node_addr "$j")/32" dev dly0 src "$(node_addr "$i")"
+  done
 }
 
 node_kill() {  # node_kill I [PATTERN]: SIGKILL node I's processes (those whose command line matches PATTERN)

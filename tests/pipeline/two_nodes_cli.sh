@@ -10,7 +10,8 @@
 #  2. the same command started from node1 (mpirun there) resumes: every job skipped;
 #  3. --save-latents FILE.h5: the ranks of both nodes write one HDF5 file (parallel HDF5 over
 #     MPI-IO), every job complete, read back with h5py; with node1's link shaped to 8 Mbit/s (tbf:
-#     this kernel has no netem for a fixed delay) the batch completes with the same frames;
+#     this kernel has no netem) and with every packet node1 sends held 200 ms (a tun delay line)
+#     the batch completes with the same frames;
 #  4. every rank of node1 killed mid-batch (its ranks; Open MPI's daemon there reports their
 #     death): every rank ends within 30 s, mpirun naming node1,
 #     nothing recorded as done that is not whole; the rerun on both nodes takes the dead run's lock
@@ -62,7 +63,9 @@ PY
 mpirun -np 4 "${GEN[@]}" --output-dir "$T/ref" 2>"$T/log" || fail "one node: $(cat "$T/log")"
 
 # 1. Two nodes.
+t0=$(date +%s)
 nodes_mpirun 2 "${GEN[@]}" --output-dir "$T/two" --report "$T/two.json" 2>"$T/log" || fail "two nodes: $(cat "$T/log")"
+two_s=$(($(date +%s) - t0))
 same_as_ref "$T/two"
 python3 - "$T/two.json" "$T/two/results.jsonl" <<'PY' || fail "two nodes: the ranks' facts"
 import json, sys
@@ -116,6 +119,15 @@ nodes_mpirun 2 "${GEN[@]}" --output-dir "$T/slow" 2>"$T/log" || fail "a slow lin
 node_slow 1 off
 same_as_ref "$T/slow"
 echo "ok: node1's link shaped to 8 Mbit/s: the batch completes with one node's frames"
+# 3c. A 200 ms delay on node1's link (every packet it sends held 200 ms: tests/common/delay_line.py,
+# as netem would): every collective that crosses it waits, and the batch completes, the same frames.
+node_delay 1 200
+t0=$(date +%s)
+nodes_mpirun 2 "${GEN[@]}" --output-dir "$T/delay" 2>"$T/log" || fail "a 200 ms delay: $(cat "$T/log")"
+dt=$(($(date +%s) - t0))
+node_delay 1 off
+same_as_ref "$T/delay"
+echo "ok: 200 ms on node1's link: the batch completes in $dt s (without the delay: $two_s s) with one node's frames"
 
 # 4. Every rank of node1 killed mid-batch.
 { echo "model: m"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 40}"; echo "jobs:"
