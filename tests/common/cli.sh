@@ -9,6 +9,13 @@ trap cleanup EXIT
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 fail() { echo "FAIL: $*"; exit 1; }
+sha_of() {  # sha_of RESULTS ID: the job's last recorded frames sha256 in a results.jsonl
+  grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4
+}
+manifest() {  # manifest FILE MODEL PREFIX N STEPS: N tiny jobs PREFIX0.. (5 frames of 32x48), seeds 0..
+  { echo "model: $2"; echo "defaults: {frames: 5, height: 32, width: 48, steps: $5}"; echo "jobs:"
+    for i in $(seq 0 $(($4 - 1))); do echo "  - {id: $3$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$1"
+}
 wait_for_results() {  # wait_for_results FILE N: until N ok lines in a results.jsonl (bounded)
   for _ in $(seq 600); do [ -f "$1" ] && [ "$(grep -c '"status":"ok"' "$1")" -ge "$2" ] && return 0; sleep 0.1; done
   fail "timed out waiting for $2 results in $1"

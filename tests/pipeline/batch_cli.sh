@@ -27,9 +27,6 @@ jobs:
   - {id: car, prompt: "a car on a road", format: ffv1, seed: 5}
 EOF
 GEN=("$BIN/dlo-generate" --threads 1 --quiet)
-sha_of() {  # sha_of RESULTS ID: the job's last recorded frames sha256
-  grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4
-}
 
 # 1. A bad manifest: exit 2, every problem, nothing written.
 sed 's/steps: 4/step: 4/; s/frames: 9/frames: 8/' "$T/jobs.yaml" >"$T/bad.yaml"

@@ -45,7 +45,6 @@ jobs:
 YAML
 # Data parallel (every rank its own job): the passes where ranks are on different experts.
 GEN=("$BIN/dlo-generate" --threads 1 --quiet --no-expert-alignment --sp 1 --cfg-parallel off)
-sha_of() { grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4; }
 
 run() {  # run NAME NP ARGS...: the batch; every job's sha checked against the reference
   local name=$1 np=$2; shift 2

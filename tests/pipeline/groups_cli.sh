@@ -75,9 +75,6 @@ jobs:
   - {id: elk, prompt: "an elk", steps: 3, guidance: 6}
 EOF
 GEN=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/jobs.yaml")
-sha_of() {  # sha_of RESULTS ID: the job's last recorded frames sha256
-  grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4
-}
 mpirun -np 1 "${GEN[@]}" --output-dir "$T/ref" 2>"$T/log" || fail "the batch at 1 rank: $(cat "$T/log")"
 same_as_ref() {  # same_as_ref DIR JOBS...
   local dir=$1; shift
@@ -258,8 +255,7 @@ mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/term.yaml" --out
 echo "ok: SIGTERM to a CFG pair stopped it cleanly (exit 143, $n_ok job(s) kept); the rerun completed the 4"
 
 # 7. SIGKILL of a group's member mid-batch ends every rank.
-{ echo "model: m"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 80}"; echo "jobs:"
-  for i in 0 1 2; do echo "  - {id: j$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$T/long.yaml"
+manifest "$T/long.yaml" m j 3 80
 mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/long.yaml" --output-dir "$T/kill" --sp 2 --cfg-parallel off &
 pid=$!
 wait_for_results "$T/kill/results.jsonl" 1

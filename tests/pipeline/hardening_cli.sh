@@ -42,7 +42,6 @@ expect() {
   set -e
   [ "$rc" = "$want" ] || fail "exit $rc, want $want: $* :: $(cat "$log")"
 }
-sha_of() { grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4; }
 DEF="defaults: {frames: 5, height: 32, width: 48, steps: 2, guidance: 1.0}"
 
 # ---- 1. outputs that are the batch's inputs or someone else's files

@@ -33,13 +33,8 @@ trap 'slurm_cluster_stop; cleanup; nodes_stop' EXIT
 set -e
 
 "$BIN/dlo-checkpoint" make "$T/M" --preset wan-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null
-manifest() {  # manifest FILE N STEPS
-  { echo "model: M"; echo "defaults: {frames: 5, height: 32, width: 48, steps: $3}"; echo "jobs:"
-    for i in $(seq 0 $(($2 - 1))); do echo "  - {id: r$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$1"
-}
-manifest "$T/run.yaml" 4 2
-manifest "$T/long.yaml" 8 30
-sha_of() { grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4; }
+manifest "$T/run.yaml" M r 4 2
+manifest "$T/long.yaml" M r 8 30
 same_as_one_node() {  # same_as_one_node REF_DIR DIR IDS...
   local ref=$1 dir=$2 id
   shift 2
