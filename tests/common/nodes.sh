@@ -7,7 +7,7 @@
 #   nodes_mpirun 2 CMD...          # mpirun on node0 (the head) with 2 ranks per node, over TCP
 #   node_run 1 CMD...              # CMD on node1 (its network, its hostname)
 #   node_link 1 down|up            # cut or restore node1's link
-#   node_slow 1 8mbit|off          # shape node1's outgoing link (tbf)
+#   node_slow 1 8mbit|off          # shape node1's link, both ways (tbf)
 #   node_delay 1 200|off           # hold node1's outgoing packets 200 ms (delay_line.py)
 #   node_kill 1 [PATTERN]          # SIGKILL node1's processes (matching PATTERN; all without one)
 #
@@ -98,16 +98,18 @@ node_link() {  # node_link I down|up
   ip -n "${NODES_PREFIX}sw" link set "${NODES_PREFIX}s$1" "$2"
 }
 
-# node_slow I RATE: node I's outgoing link shaped to RATE (e.g. 8mbit; tbf, up to 400 ms queued);
-# `node_slow I off` restores it. (A fixed delay needs netem, which not every kernel has.)
+# node_slow I RATE: node I's link shaped to RATE each way (e.g. 8mbit; tbf on both ends, up to 400 ms
+# queued); `node_slow I off` restores it. (A fixed delay: node_delay.)
 node_slow() {
-  local ns
-  ns=$(node_ns "$1")
-  if [ "$2" = off ]; then
-    tc -n "$ns" qdisc del dev eth0 root 2>/dev/null || true
-  else
-    tc -n "$ns" qdisc add dev eth0 root tbf rate "$2" burst 32kbit latency 400ms
-  fi
+  local end ns dev
+  for end in "$(node_ns "$1"):eth0" "${NODES_PREFIX}sw:${NODES_PREFIX}s$1"; do
+    ns=${end%%:*} dev=${end#*:}
+    if [ "$2" = off ]; then
+      tc -n "$ns" qdisc del dev "$dev" root 2>/dev/null || true
+    else
+      tc -n "$ns" qdisc add dev "$dev" root tbf rate "$2" burst 32kbit latency 400ms
+    fi
+  done
 }
 
 # node_delay I MS: node I's outgoing IPv4 packets to the other nodes held MS milliseconds, in order

@@ -6,7 +6,9 @@
 #     each rank's host and local rank are its node's (node0: 0, 1; node1: 0, 1); the memory rule
 #     counts the ranks of a node (2), not of the world (4); results.jsonl has one ok line per job
 #     and every video once, in the one output folder both nodes see; the exclusive-device check
-#     counts ranks per host (test_device_hosts: 1 rank per node shares nothing, 2 per node do);
+#     counts ranks per host (test_per_host: 1 rank per node shares nothing, 2 per node do); the
+#     weight gather (test_per_host) puts every shard in place on every rank, in two levels (across
+#     the nodes, then within) when the ranks sit node by node, flat when they alternate;
 #  2. the same command started from node1 (mpirun there) resumes: every job skipped;
 #  3. --save-latents FILE.h5: the ranks of both nodes write one HDF5 file (parallel HDF5 over
 #     MPI-IO), every job complete, read back with h5py; with node1's link shaped to 8 Mbit/s (tbf:
@@ -41,9 +43,6 @@ jobs:
   - {id: j4, prompt: "an elk", seed: 5}
 EOF
 GEN=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/jobs.yaml" --offload dlo)
-sha_of() {  # sha_of RESULTS ID: the job's last recorded frames sha256
-  grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4
-}
 same_as_ref() {  # same_as_ref DIR: every job's frames as in the one-node run
   for id in j0 j1 j2 j3 j4; do
     [ -n "$(sha_of "$T/ref/results.jsonl" "$id")" ] && [ "$(sha_of "$1/results.jsonl" "$id")" = "$(sha_of "$T/ref/results.jsonl" "$id")" ] \
@@ -88,10 +87,14 @@ grep -q "x 2 rank(s) fit in the node's available memory" "$T/stdout" && grep -q 
   || fail "the host memory rule is not per node: $(grep -h 'strategy' "$T/stdout" "$T/stdout1")"
 echo "ok: every job's frames as on one node; one line per job, every video once; the host budget per node"
 # The exclusive-device check per host: one rank per node on cuda:0 shares nothing; two per node
-# share each node's device (test_device_hosts asserts both from the ranks' hosts).
-nodes_mpirun 1 "$BIN/test_device_hosts" >"$T/log" 2>&1 || fail "device check, 1 rank per node: $(tail -20 "$T/log")"
-nodes_mpirun 2 "$BIN/test_device_hosts" >"$T/log" 2>&1 || fail "device check, 2 ranks per node: $(tail -20 "$T/log")"
-echo "ok: the exclusive-device check is per host (1 rank per node: none shared; 2 per node: each node's pair refused)"
+# share each node's device (test_per_host asserts both from the ranks' hosts, and the weight
+# gather's bytes and its two levels, or one where the ranks alternate between the nodes).
+nodes_mpirun 1 "$BIN/test_per_host" >"$T/log" 2>&1 || fail "per host, 1 rank per node: $(tail -20 "$T/log")"
+nodes_mpirun 2 "$BIN/test_per_host" >"$T/log" 2>&1 || fail "per host, 2 ranks per node: $(tail -20 "$T/log")"
+grep -q "two-level gathers over 2 nodes" "$T/log" || fail "per host: no two-level gather node by node: $(tail -5 "$T/log")"
+nodes_mpirun 2 --map-by node "$BIN/test_per_host" >"$T/log" 2>&1 || fail "per host, ranks alternating: $(tail -20 "$T/log")"
+! grep -q "two-level" "$T/log" || fail "per host: a two-level gather with the ranks alternating: $(tail -5 "$T/log")"
+echo "ok: per host: the exclusive-device check (1 rank per node: none shared; 2 per node: each node's pair refused); the weight gather in two levels node by node, flat alternating, every shard in place"
 
 # 2. Resumed from the other node.
 nodes_mpirun 2 --head 1 "$BIN/dlo-generate" --threads 1 --jobs "$T/jobs.yaml" --offload dlo --output-dir "$T/two" \
@@ -130,8 +133,7 @@ same_as_ref "$T/delay"
 echo "ok: 200 ms on node1's link: the batch completes in $dt s (without the delay: $two_s s) with one node's frames"
 
 # 4. Every rank of node1 killed mid-batch.
-{ echo "model: m"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 40}"; echo "jobs:"
-  for i in $(seq 0 11); do echo "  - {id: k$i, prompt: \"prompt $i\", seed: $i}"; done; } >"$T/long.yaml"
+manifest "$T/long.yaml" m k 12 40
 LONG=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/long.yaml" --offload dlo)
 nodes_mpirun 2 "${LONG[@]}" --output-dir "$T/kill" >"$T/kill.log" 2>&1 &
 pid=$!
