@@ -83,6 +83,8 @@ MUTANTS=$(cat <<'EOF'
 46|lib/dlo/dist/sequence_exchange.cpp|sequence parallelism: the head groups put back in the wrong order after attention|"  return at::cat(from, 2);"|"  return at::cat(std::vector<at::Tensor>(from.rbegin(), from.rend()), 2);"
 47|lib/dlo/offload/runner.cpp|CFG parallelism: the partners' exchange dropped (each partner takes its own prediction for both branches)|"  return gather_all(partners, out.at(0));"|"  return {out.at(0), out.at(0)};"
 48|lib/dlo/render/generate.cpp|the topology agreement compares nothing (ranks that disagree go on into the groups' collectives)|"std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n))"|"true"
+49|lib/dlo/dist/collective_mpi.cpp|two-level gathers: the shards gathered across nodes put at the node's first rank's places (every rank with local index > 0 gets wrong bytes; nodes label)|"across_places_.push_back(n * k + rank_ % k);"|"across_places_.push_back(n * k);"
+50|lib/dlo/dist/collective_mpi.cpp|two-level gathers never used across nodes (the flat gather sends each shard once per rank of a node; nodes label)|"    nodes_ = count;\n"|"    return;\n"
 EOF
 )
 
