@@ -39,7 +39,7 @@ def main(argv):
 
     tun = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
     fcntl.ioctl(tun, TUNSETIFF, struct.pack("16sH", tun_name.encode(), IFF_TUN | IFF_NO_PI))
-    out = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IP))
+    out = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, 0)  # protocol 0: sends only, receives nothing
     print(f"delay_line: {tun_name} -> {dev}, {delay * 1000:.0f} ms", flush=True)
 
     held = collections.deque()  # (due, packet), due times in order: the delay is constant

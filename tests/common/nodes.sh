@@ -29,7 +29,8 @@ NODES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 declare -a NODES_DELAY_PID=()
 
 nodes_available() {
-  [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v unshare >/dev/null && command -v nsenter >/dev/null || return 1
+  [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null && command -v unshare >/dev/null &&
+    command -v nsenter >/dev/null || return 1
   ip netns add "${NODES_PREFIX}probe" 2>/dev/null || return 1
   ip netns del "${NODES_PREFIX}probe"
 }
@@ -98,16 +99,25 @@ node_link() {  # node_link I down|up
   ip -n "${NODES_PREFIX}sw" link set "${NODES_PREFIX}s$1" "$2"
 }
 
-# node_slow I RATE: node I's link shaped to RATE each way (e.g. 8mbit; tbf on both ends, up to 400 ms
-# queued); `node_slow I off` restores it. (A fixed delay: node_delay.)
+# node_slow I RATE: node I's link shaped to RATE each way (NNkbit, NNmbit or NNgbit; tbf on both ends,
+# a burst of 2 ms at that rate, up to 400 ms queued); `node_slow I off` restores it. (A fixed
+# delay: node_delay.)
 node_slow() {
-  local end ns dev
+  local end ns dev bits burst
+  case "$2" in
+    off) bits=0 ;;
+    *gbit) bits=$((${2%gbit} * 1000000000)) ;;
+    *mbit) bits=$((${2%mbit} * 1000000)) ;;
+    *kbit) bits=$((${2%kbit} * 1000)) ;;
+    *) fail "node_slow: rate '$2' is not NNkbit, NNmbit or NNgbit" ;;
+  esac
+  burst=$((bits / 8 / 500 > 4096 ? bits / 8 / 500 : 4096))  # bytes: 2 ms at the rate, at least 4 KB
   for end in "$(node_ns "$1"):eth0" "${NODES_PREFIX}sw:${NODES_PREFIX}s$1"; do
     ns=${end%%:*} dev=${end#*:}
     if [ "$2" = off ]; then
       tc -n "$ns" qdisc del dev "$dev" root 2>/dev/null || true
     else
-      tc -n "$ns" qdisc add dev "$dev" root tbf rate "$2" burst 32kbit latency 400ms
+      tc -n "$ns" qdisc add dev "$dev" root tbf rate "$2" burst "$burst" latency 400ms
     fi
   done
 }
@@ -119,21 +129,19 @@ node_slow() {
 node_delay() {
   local i=$1 ns j peers=()
   ns=$(node_ns "$i")
-  if [ "$2" = off ]; then
-    if [ -n "${NODES_DELAY_PID[$i]:-}" ]; then
-      kill "${NODES_DELAY_PID[$i]}" 2>/dev/null || true
-      wait "${NODES_DELAY_PID[$i]}" 2>/dev/null || true
-      NODES_DELAY_PID[$i]=""
-    fi
-    return 0
+  if [ -n "${NODES_DELAY_PID[$i]:-}" ]; then  # off, or a new delay in place of the old
+    kill "${NODES_DELAY_PID[$i]}" 2>/dev/null || true
+    wait "${NODES_DELAY_PID[$i]}" 2>/dev/null || true
+    NODES_DELAY_PID[$i]=""
   fi
+  [ "$2" = off ] && return 0
   for ((j = 0; j < NODES_COUNT; j++)); do
     [ "$j" = "$i" ] && continue
     peers+=("$(node_addr "$j")=$(ip -n "$(node_ns "$j")" -br link show eth0 | awk '{print $3}')")
   done
   nsenter --net="/run/netns/$ns" python3 "$NODES_DIR/delay_line.py" eth0 dly0 "$2" "${peers[@]}" >"$T/delay$i.log" 2>&1 &
   NODES_DELAY_PID[$i]=$!
-  for _ in $(seq 100); do ip -n "$ns" link show dly0 >/dev/null 2>&1 && break; sleep 0.05; done
+  for _ in $(seq 400); do ip -n "$ns" link show dly0 >/dev/null 2>&1 && break; sleep 0.05; done
   ip -n "$ns" link set dly0 up || fail "node $i's delay line did not start: $(cat "$T/delay$i.log")"
   # Replies from the others arrive on eth0 while the way back to them is dly0: no reverse-path filter.
   nsenter --net="/run/netns/$ns" sh -c 'for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 >"$f"; done'

@@ -92,9 +92,12 @@ echo "ok: every job's frames as on one node; one line per job, every video once;
 nodes_mpirun 1 "$BIN/test_per_host" >"$T/log" 2>&1 || fail "per host, 1 rank per node: $(tail -20 "$T/log")"
 nodes_mpirun 2 "$BIN/test_per_host" >"$T/log" 2>&1 || fail "per host, 2 ranks per node: $(tail -20 "$T/log")"
 grep -q "two-level gathers over 2 nodes" "$T/log" || fail "per host: no two-level gather node by node: $(tail -5 "$T/log")"
+# 3 ranks per node: as many nodes as ranks per node no longer, and a column of 2 per message.
+nodes_mpirun 3 "$BIN/test_per_host" >"$T/log" 2>&1 || fail "per host, 3 ranks per node: $(tail -20 "$T/log")"
+grep -q "two-level gathers over 2 nodes" "$T/log" || fail "per host: no two-level gather at 3 ranks per node: $(tail -5 "$T/log")"
 nodes_mpirun 2 --map-by node "$BIN/test_per_host" >"$T/log" 2>&1 || fail "per host, ranks alternating: $(tail -20 "$T/log")"
 ! grep -q "two-level" "$T/log" || fail "per host: a two-level gather with the ranks alternating: $(tail -5 "$T/log")"
-echo "ok: per host: the exclusive-device check (1 rank per node: none shared; 2 per node: each node's pair refused); the weight gather in two levels node by node, flat alternating, every shard in place"
+echo "ok: per host: the exclusive-device check (1 rank per node: none shared; 2 per node: each node's pair refused); the weight gather in two levels node by node (1, 2, 3 ranks per node), flat alternating, every shard in place, in chunks too"
 
 # 2. Resumed from the other node.
 nodes_mpirun 2 --head 1 "$BIN/dlo-generate" --threads 1 --jobs "$T/jobs.yaml" --offload dlo --output-dir "$T/two" \

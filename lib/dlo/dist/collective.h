@@ -50,8 +50,10 @@ class Collective {
   virtual void abort() {}
 };
 
-// An MPI collective over a duplicate of MPI_COMM_WORLD. Counts above INT_MAX are chunked.
-std::unique_ptr<Collective> make_mpi_collective(const MpiWorld& world);
+// An MPI collective over a duplicate of MPI_COMM_WORLD. No message is larger than
+// `max_chunk_bytes` (at most INT_MAX; bigger gathers go in chunks): 1 GiB, or a few bytes in tests
+// of the chunking. Across nodes placed node by node, gathers go in two levels (collective_mpi.cpp).
+std::unique_ptr<Collective> make_mpi_collective(const MpiWorld& world, std::size_t max_chunk_bytes = std::size_t{1} << 30);
 
 // An NCCL communicator over all ranks, on CUDA device `device` (rank 0 creates the unique id and
 // broadcasts it over MPI). Collective. Non-blocking underneath, so set-up is bounded by

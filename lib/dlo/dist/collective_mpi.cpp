@@ -18,8 +18,9 @@ namespace {
 
 class MpiCollective final : public Collective {
  public:
-  explicit MpiCollective(const MpiWorld& world)
+  MpiCollective(const MpiWorld& world, std::size_t max_chunk_bytes)
       : world_(world),
+        max_chunk_(std::max<std::size_t>(1, std::min<std::size_t>(max_chunk_bytes, INT_MAX))),
         rank_(world.rank()),
         size_(world.size()),
         timeout_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -52,9 +53,13 @@ class MpiCollective final : public Collective {
   void allgather_inplace(void* buffer, std::size_t shard_bytes, void*) override {
     if (size_ == 1 || shard_bytes == 0) return;
     auto* base = static_cast<char*>(buffer);
-    // Chunks of at most 1 GiB per rank; each rank's chunk c sits at rank*shard + c*chunk, so the
-    // receive type is `chunk` bytes with an extent of one whole shard.
-    const std::size_t max_chunk = std::size_t{1} << 30;
+    // Chunks of at most max_chunk_ bytes per message; each rank's chunk c sits at rank*shard +
+    // c*chunk, so the receive type is `chunk` bytes with an extent of one whole shard. Two levels
+    // send a column of nodes_ chunks per message within a node: chunks a nodes_-th the size.
+    const std::size_t max_chunk = std::max<std::size_t>(1, max_chunk_ / static_cast<std::size_t>(nodes_));
+    // One deadline for the whole gather, every chunk and both levels: a rank that left one step
+    // late must not time out in the next on a clock of its own while its peers' clocks run ahead.
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (std::size_t done = 0; done < shard_bytes; done += max_chunk) {
       const std::size_t n = std::min(max_chunk, shard_bytes - done);
       MPI_Datatype chunk, strided;
@@ -68,7 +73,7 @@ class MpiCollective final : public Collective {
         //    at their places (global rank r = node * per_node + local index).
         rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base + done, ones_.data(), across_places_.data(),
                              strided, across_, &req);
-        if (rc == MPI_SUCCESS) rc = wait(req);
+        if (rc == MPI_SUCCESS) rc = wait(req, deadline);
         // 2. Within the node: each rank's column (its local index's shard of every node, one
         //    shard every per_node) to the node's other ranks.
         if (rc == MPI_SUCCESS && per_node_ > 1) {
@@ -77,13 +82,13 @@ class MpiCollective final : public Collective {
           MPI_Type_create_resized(column, 0, static_cast<MPI_Aint>(shard_bytes), &column_at);
           MPI_Type_commit(&column_at);
           rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base + done, 1, column_at, within_, &req);
-          if (rc == MPI_SUCCESS) rc = wait(req);
+          if (rc == MPI_SUCCESS) rc = wait(req, deadline);
           MPI_Type_free(&column_at);
           MPI_Type_free(&column);
         }
       } else {
         rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base + done, 1, strided, comm_, &req);
-        if (rc == MPI_SUCCESS) rc = wait(req);
+        if (rc == MPI_SUCCESS) rc = wait(req, deadline);
       }
       MPI_Type_free(&strided);
       MPI_Type_free(&chunk);
@@ -120,21 +125,21 @@ class MpiCollective final : public Collective {
   // MpiWorld::timeout_s() (DLO_GATHER_TIMEOUT_S in the apps) means a rank is gone or stuck: the
   // ranks that waited hold the world's roll call, and every rank ends with the missing ranks and
   // their nodes named (the request, still active, may yet write into the slot: nothing can unwind).
-  int wait(MPI_Request& req) {
-    const auto start = std::chrono::steady_clock::now();
+  int wait(MPI_Request& req, std::chrono::steady_clock::time_point deadline) {
     for (int spins = 0;; ++spins) {
       int done = 0;
       const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS || done) return rc;
       if (spins < 2000) continue;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() - start > timeout_) {
+      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) {
         world_.abort_after_timeout("the weight gathers (AllGather)");
       }
     }
   }
 
   const MpiWorld& world_;
+  std::size_t max_chunk_;
   int rank_, size_;
   std::chrono::steady_clock::duration timeout_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -146,8 +151,8 @@ class MpiCollective final : public Collective {
 
 }  // namespace
 
-std::unique_ptr<Collective> make_mpi_collective(const MpiWorld& world) {
-  return std::make_unique<MpiCollective>(world);
+std::unique_ptr<Collective> make_mpi_collective(const MpiWorld& world, std::size_t max_chunk_bytes) {
+  return std::make_unique<MpiCollective>(world, max_chunk_bytes);
 }
 
 }  // namespace dlo

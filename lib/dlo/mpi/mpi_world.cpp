@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -274,6 +275,13 @@ void MpiWorld::roll_call(std::uint64_t seq, const char* phase) const {
   // number and phase); rank 0 names the ranks it did not hear from, or that wait elsewhere, and
   // ends every rank. A rank not heard from is stuck, stopped or gone (the collective's own request
   // cannot say which rank it lacks).
+  // One roll call per process: a weight gather's worker and the main thread can time out at the
+  // same moment, and two callers would share rank 0's messages between them. The second waits
+  // for the first, which ends the process.
+  static std::atomic<bool> started{false};
+  if (started.exchange(true)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   MPI_Comm roll = MPI_Comm_f2c(roll_f_);
   const std::string here = str(seq, "|", phase).substr(0, kRollBytes - 1);
   const double grace = std::min(timeout_s_, 10.0);
@@ -294,7 +302,8 @@ void MpiWorld::roll_call(std::uint64_t seq, const char* phase) const {
   while (heard < size_ && std::chrono::steady_clock::now() < until) {
     int flag = 0;
     MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, kRollTag, roll, &flag, &st);
+    MPI_Message msg;
+    MPI_Improbe(MPI_ANY_SOURCE, kRollTag, roll, &flag, &msg, &st);
     if (!flag) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
@@ -302,7 +311,7 @@ void MpiWorld::roll_call(std::uint64_t seq, const char* phase) const {
     int n = 0;
     MPI_Get_count(&st, MPI_CHAR, &n);
     std::string text(static_cast<std::size_t>(std::max(n, 0)), '\0');
-    MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, kRollTag, roll, MPI_STATUS_IGNORE);
+    MPI_Mrecv(text.data(), n, MPI_CHAR, &msg, MPI_STATUS_IGNORE);
     if (where[static_cast<std::size_t>(st.MPI_SOURCE)].empty()) ++heard;
     where[static_cast<std::size_t>(st.MPI_SOURCE)] = text;
   }
