@@ -7,9 +7,17 @@
      (relative L2 per token position);
   3. time: the transformer's flow-matching loss on 128 clips in order and with latent frames
      permuted (0, 3, 1, 4, 2), at several sigmas: the ratio says how much it uses frame order.
+  4. context (--context): how much the transformer's output for the last latent frame moves when
+     the four frames before it come from other clips, against when that frame itself does, at
+     sigma 0.3, 0.6, 0.9 (its use of the frames around it);
+  5. held frames (--held 0,2,4): 16 fresh clips sampled (Euler, shift 3, 20 steps, guidance 4,
+     2 seeds) with their first K latent frames held to the clip's (replaced at every step by the
+     clip's latents noised to that step's sigma); how far the last frame's object lands from the
+     clip's, and how often the direction is right. K = 5 (all) gives ~1 px, the probe's floor.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
-folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute.
-  .venv/bin/python tools/probe_demo_model.py --model configs/demo-model --latents out/train-demo/latents.pt
+folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
+(probe 5: a minute per K).
+  .venv/bin/python tools/probe_demo_model.py --model configs/demo-model --latents out/train-demo/latents.pt --context --held 0,2,4
 """
 import argparse
 import os
@@ -28,6 +36,8 @@ def main():
     ap.add_argument("--transformer", help="a transformer folder (default: the model's)")
     ap.add_argument("--latents", default="out/train-demo/latents.pt")
     ap.add_argument("--scale", type=float, default=1.0, help="the --latent-scale the transformer was trained with")
+    ap.add_argument("--context", action="store_true", help="also probe 4")
+    ap.add_argument("--held", help="also probe 5 with these numbers of held frames, e.g. 0,2,4")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -67,7 +77,75 @@ def main():
                 loss.append(((v - (noise - xx)) ** 2).mean().item())
             print(f"3. time: sigma {s}: loss in order {loss[0]:.4f}, frames permuted {loss[1]:.4f} "
                   f"(+{100 * (loss[1] / loss[0] - 1):.1f}%)")
+    if args.context:
+        probe_context(model, proc, z, ctx, bias, noise)
+    if args.held:
+        probe_held(args, model, proc, [int(k) for k in args.held.split(",")])
     return 0
+
+
+@torch.no_grad()
+def probe_context(model, proc, z, ctx, bias, noise):
+    n = 32
+    a, b = z[:n], z[n:2 * n]
+    proc.bias = bias[:n, None, None, :]
+    last = a.shape[2] - 1
+    for s in (0.3, 0.6, 0.9):
+        xa, xb = (1 - s) * a + s * noise[:n], (1 - s) * b + s * noise[:n]
+        t = torch.full((n,), s * 1000.0)
+        base = model(xa, t, ctx[:n], return_dict=False)[0][:, :, last]
+        around, itself = xa.clone(), xa.clone()
+        around[:, :, :last] = xb[:, :, :last]
+        itself[:, :, last] = xb[:, :, last]
+        d_around = (model(around, t, ctx[:n], return_dict=False)[0][:, :, last] - base).pow(2).mean().sqrt().item()
+        d_itself = (model(itself, t, ctx[:n], return_dict=False)[0][:, :, last] - base).pow(2).mean().sqrt().item()
+        print(f"4. context: sigma {s}: the last frame's output moves by {d_around:.3f} when the frames before it "
+              f"change, {d_itself:.3f} when it does (ratio {d_around / d_itself:.2f})")
+
+
+@torch.no_grad()
+def probe_held(args, model, proc, helds, n=16, steps=20, shift=3.0, guidance=4.0):
+    import numpy as np
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae")).float().eval()
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1) * args.scale
+    rng = np.random.default_rng(7)
+    parts = [(list(world.COLOURS)[i % 5], world.SHAPES[i % 3], list(world.DIRECTIONS)[i % 4]) for i in range(n)]
+    x0, ends = [], []
+    for p in parts:
+        video, centres = world.render_clip(*p, train.FRAMES, train.HEIGHT, train.WIDTH, rng)
+        x = torch.from_numpy(video).permute(3, 0, 1, 2).float()[None] / 127.5 - 1.0
+        x0.append((vae.encode(x).latent_dist.mode() - mean) / std)
+        ends.append(centres[-1])
+    x0 = torch.cat(x0)
+    emb, lens = train.text_embeddings(args.model, [""] + [world.prompt(*p) for p in parts], torch.float32)
+    ctx, bias = train.compact_text(emb, lens)
+    c = torch.cat([ctx[1:], ctx[[0] * n]])
+    b = torch.cat([bias[1:], bias[[0] * n]])[:, None, None, :]
+    sig = torch.linspace(1.0, 0.0, steps + 1)
+    sig = shift * sig / (1 + (shift - 1) * sig)
+    for held in helds:
+        off, right = [], 0
+        for seed in (0, 1):
+            noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
+            x = noise.clone()
+            for i in range(steps):
+                x[:, :, :held] = (1 - sig[i]) * x0[:, :, :held] + sig[i] * noise[:, :, :held]
+                proc.bias = b
+                v = model(torch.cat([x, x]), torch.full((2 * n,), float(sig[i]) * 1000.0), c, return_dict=False)[0]
+                x = x + (sig[i + 1] - sig[i]) * (v[n:] + guidance * (v[:n] - v[n:]))
+            x[:, :, :held] = x0[:, :, :held]
+            for j in range(n):
+                y = vae.decode(x[j:j + 1] * std + mean).sample[0].clamp(-1, 1)
+                frames = ((y.permute(1, 2, 3, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
+                m = world.object_mask(frames[-1], half_max=True)
+                yy, xx = np.nonzero(m)
+                off.append(float(np.hypot(xx.mean() - ends[j][0], yy.mean() - ends[j][1])) if m.sum() >= 4 else 64.0)
+                right += world.judge(frames, world.prompt(*parts[j]))["direction_ok"]
+        print(f"5. held frames: {held} of {x0.shape[2]}: the last frame's object {np.median(off):.1f} px from the clip's "
+              f"(median; mean {np.mean(off):.1f}), direction right {right / (2 * n):.2f}")
 
 
 if __name__ == "__main__":

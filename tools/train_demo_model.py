@@ -294,7 +294,7 @@ def train_transformer(args, work, base, data, vae):
     watch = [(index[p], p) for p in world.all_prompts()[::3]]  # 20 prompts, every colour, shape, direction
     z = (data["z"] - data["mean"].view(1, -1, 1, 1, 1)) / data["std"].view(1, -1, 1, 1, 1)
     parts = data["parts"]
-    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=24,
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=96 // args.head_dim, attention_head_dim=args.head_dim,
                                   in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=384,
                                   num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
                                   rope_max_seq_len=1024)
@@ -320,13 +320,35 @@ def train_transformer(args, work, base, data, vae):
         ctx = emb[rng.integers(0, 2), ids]
         proc.bias = bias[ids][:, None, None, :]
         # sigma: half uniform, half shifted towards noise as Wan's flow shift does at sampling.
-        u = torch.rand(args.dit_batch)
-        shifted = 3.0 * u / (1 + 2.0 * u)
-        sigma = torch.where(torch.rand(args.dit_batch) < 0.5, u, shifted).clamp(1e-3, 1.0)
+        def draw_sigmas(*shape):
+            u = torch.rand(shape)
+            return torch.where(torch.rand(shape) < 0.5, u, 3.0 * u / (1 + 2.0 * u)).clamp(1e-3, 1.0)
+
+        sigma = draw_sigmas(args.dit_batch)
         noise = torch.randn_like(x0)
-        s5 = sigma.view(-1, 1, 1, 1, 1)
+        frames = x0.shape[2]
+        if args.frame_sigmas > 0:
+            # Some samples with a sigma of each latent frame's own (per-token timesteps, as
+            # diffusers' Wan takes for Wan2.2 TI2V): with every frame at one sigma a frame's own
+            # noisy latent says as much about its object as its neighbours do, and the model never
+            # learns to place an object from the frames around it (measured: with 4 of 5 latent
+            # frames held to a real clip, the last frame's object landed ~31 px off, at random).
+            own = torch.rand(args.dit_batch) < args.frame_sigmas
+            if args.frame_sigma_mode == "context":  # each frame either nearly clean or nearly noise
+                ctx_frame = torch.rand(args.dit_batch, frames) < 0.5
+                drawn = torch.where(ctx_frame, 0.3 * torch.rand(args.dit_batch, frames),
+                                    0.7 + 0.3 * torch.rand(args.dit_batch, frames))
+            else:
+                drawn = draw_sigmas(args.dit_batch, frames)
+            per_frame = torch.where(own[:, None], drawn, sigma[:, None].expand(-1, frames))
+            s5 = per_frame.view(-1, 1, frames, 1, 1)
+            tokens = x0.shape[3] * x0.shape[4] // 4  # per latent frame, patches of 2 x 2
+            t = (per_frame * 1000.0).repeat_interleave(tokens, dim=1)
+        else:
+            s5 = sigma.view(-1, 1, 1, 1, 1)
+            t = sigma * 1000.0
         xt = (1 - s5) * x0 + s5 * noise
-        pred = model(xt, sigma * 1000.0, ctx, return_dict=False)[0]
+        pred = model(xt, t, ctx, return_dict=False)[0]
         loss = ((pred - (noise - x0)) ** 2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -422,6 +444,14 @@ def main():
     ap.add_argument("--dit-more", action="store_true", help="train the saved transformer for --dit-steps more")
     ap.add_argument("--dit-batch", type=int, default=32)
     ap.add_argument("--dit-lr", type=float, default=5e-4)
+    # 3D RoPE splits a head's dimensions over time, height and width: at 24 each axis gets 4
+    # rotation frequencies (1, 0.1, 0.01, 0.001 rad per position), of which one or two tell
+    # offsets of 1-4 tokens apart; 48 gives 8 per axis at the same width (2 heads of 48).
+    ap.add_argument("--frame-sigmas", type=float, default=0.0,
+                    help="share of transformer samples whose latent frames each get a sigma of their own")
+    ap.add_argument("--frame-sigma-mode", choices=("mixed", "context"), default="mixed",
+                    help="frames' own sigmas: drawn as the shared one is, or each nearly clean (< 0.3) or nearly noise (> 0.7)")
+    ap.add_argument("--head-dim", type=int, default=24, choices=(24, 48, 96), help="attention head dimension (width 96)")
     ap.add_argument("--ema", type=float, default=0.999)
     ap.add_argument("--flow-shift", type=float, default=3.0)
     ap.add_argument("--latent-scale", type=float, default=1.0,
