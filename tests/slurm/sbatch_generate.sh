@@ -101,20 +101,10 @@ submit() {  # submit LOG [sbatch options] -- [program args]: prints the job id
   DLO_BIN=$PROGRAM DLO_DEVICE=${DLO_DEVICE-cpu} sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=5 \
     --output="$log" --chdir="$W" "${opts[@]}" "$SBATCH_SCRIPT" "$@"
 }
-# Every rank 0..1 appears in srun's "task(s) R: ..." lines with an outcome matching $2.
-all_ranks_ended_by() {
-  "$PYTHON3" - "$1" "$2" <<'EOF'
-import re, sys
-log, outcome = open(sys.argv[1]).read(), sys.argv[2]
-seen = set()
-for m in re.finditer(r"srun: error: \S+: tasks? ([0-9,\-]+): (.*)", log):
-    if not re.fullmatch(outcome, m.group(2).strip()):
-        continue
-    for part in m.group(1).split(","):
-        a, _, b = part.partition("-")
-        seen.update(range(int(a), int(b or a) + 1))
-sys.exit(0 if seen >= {0, 1} else 1)
-EOF
+all_ranks_ended_by() {  # all_ranks_ended_by LOG OUTCOME: srun reports tasks 0 and 1 ending with OUTCOME
+  local ended
+  ended=" $(slurm_tasks_ended "$1" "$2" | cut -d@ -f1 | tr '\n' ' ')"
+  [[ "$ended" == *" 0 "* && "$ended" == *" 1 "* ]]
 }
 
 # ---- case 0 (submitted first, checked last): the #SBATCH --signal directive itself -------------

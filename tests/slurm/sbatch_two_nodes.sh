@@ -87,7 +87,7 @@ while STATE=$(slurm_job_field "$J" JobState); RESTARTS=$(slurm_job_field "$J" Re
   sleep 0.5
 done
 [ "$STATE" = COMPLETED ] && [ "${RESTARTS:-0}" = 1 ] || fail "case 2: job $J $STATE after ${RESTARTS:-0} restart(s): $(tail -30 "$T/long.log")"
-grep -q "node0: tasks 0-1: Exited with exit code 143" "$T/long.log" && grep -q "node1: tasks 2-3: Exited with exit code 143" "$T/long.log" \
+[ "$(slurm_tasks_ended "$T/long.log" "Exited with exit code 143" | tr '\n' ' ')" = "0@node0 1@node0 2@node1 3@node1 " ] \
   || fail "case 2: not every task on both nodes stopped with 143: $(grep srun: "$T/long.log")"
 grep -q "requeueing (restart 1 of 1)" "$T/long.log" || fail "case 2: no requeue in the log"
 [ "$(grep -c '"status":"ok"' "$T/long/results.jsonl")" = 8 ] && [ "$(find "$T/long" -name '*.mp4' | wc -l)" = 8 ] \

@@ -228,6 +228,25 @@ EOF
 }
 
 # A field of `scontrol show job` (JobState, ExitCode, Reason, ...), empty when unknown.
+# slurm_tasks_ended LOG OUTCOME: "TASK@NODE" for each task srun's LOG reports ending with OUTCOME
+# (a regex, e.g. "Exited with exit code 143"), sorted. srun reports tasks that end together in one
+# line ("node1: tasks 2-3: ...") and others one by one ("node0: task 0: ...").
+slurm_tasks_ended() {
+  "${PYTHON3:-python3}" - "$1" "$2" <<'PY'
+import re, sys
+log, outcome = open(sys.argv[1]).read(), sys.argv[2]
+seen = set()
+for m in re.finditer(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.*)", log):
+    if not re.fullmatch(outcome, m.group(3).strip()):
+        continue
+    for part in m.group(2).split(","):
+        a, _, b = part.partition("-")
+        seen.update((t, m.group(1)) for t in range(int(a), int(b or a) + 1))
+for t, node in sorted(seen):
+    print(f"{t}@{node}")
+PY
+}
+
 slurm_job_field() {
   scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1
 }
