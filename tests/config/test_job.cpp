@@ -160,6 +160,31 @@ TEST_CASE("validate_job: every problem of a job, each with its field and why, in
   CHECK(e[7].field == "crf");
 }
 
+TEST_CASE("validate_job: frames that do not fill the transformer's tokens in time are refused, with frame counts that do") {
+  dlo::ModelInfo info = tiny_model();
+  info.transformer.patch_size = {5, 2, 2};  // five latent frames per token, as the demo model has
+  dlo::JobSpec job;
+  job.output = "x.mp4";
+  job.format = "mp4";
+  job.height = 64;
+  job.width = 64;
+  for (std::int64_t ok : {17, 37}) {  // 5 and 10 latent frames
+    job.frames = ok;
+    CHECK(dlo::validate_job(job, info, kVideoFormats).empty());
+  }
+  job.frames = 21;  // 6 latent frames
+  auto e = dlo::validate_job(job, info, kVideoFormats);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].field == "frames");
+  CHECK(e[0].message ==
+        "21 frames make 6 latent frames, not a multiple of the transformer's 5 per token (patch_size[0]); e.g. 17 or 37");
+  job.frames = 9;  // 3 latent frames: nothing below fits
+  e = dlo::validate_job(job, info, kVideoFormats);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].message ==
+        "9 frames make 3 latent frames, not a multiple of the transformer's 5 per token (patch_size[0]); e.g. 17");
+}
+
 TEST_CASE("validate_job: a latent grid beyond the transformer's RoPE table is refused before any weight is read") {
   const dlo::ModelInfo info = tiny_model();  // rope_max_seq_len 32: 32 patches of 16 pixels per side
   dlo::JobSpec job;

@@ -470,7 +470,16 @@ std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, 
                                    std::max<std::int64_t>(1, (n - 1) / tf * tf + 1), "; Wan's default is 81)")});
         continue;
       }
-      const std::int64_t latent = (n - 1) / tf + 1, patches = latent / tc.patch_size[0];
+      const std::int64_t latent = (n - 1) / tf + 1, pt = tc.patch_size[0], patches = latent / pt;
+      if (latent % pt != 0) {
+        // The transformer takes pt latent frames per token (patch_size[0]); (n - 1) / tf + 1 must
+        // be a multiple of it. The nearest frame counts that are: latent frames k * pt.
+        const std::int64_t below = latent / pt * pt, above = below + pt;
+        e.push_back({"frames", str(n, " frames make ", latent, " latent frames, not a multiple of the transformer's ", pt,
+                                   " per token (patch_size[0]); e.g. ",
+                                   below > 0 ? str((below - 1) * tf + 1, " or ") : std::string(), (above - 1) * tf + 1)});
+        continue;
+      }
       if (patches > tc.rope_max_seq_len)
         e.push_back({"frames", str(n, " frames make ", patches, " latent patches in time, more than the transformer's RoPE "
                                    "covers (rope_max_seq_len ", tc.rope_max_seq_len, ")")});
