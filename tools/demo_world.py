@@ -20,6 +20,9 @@ COLOURS = {
     "white": (240, 240, 240),
 }
 SHAPES = ("circle", "square", "triangle")
+# How far the object travels over a clip, as a share of the frame along its direction (drawn
+# uniformly from this range per clip).
+TRAVEL = (0.36, 0.68)
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows down
 
 # Share of its bounding box an ideal shape fills: square 1, circle pi/4, triangle 1/2.
@@ -71,7 +74,7 @@ def render_clip(colour, shape, direction, frames, height, width, rng, supersampl
     """uint8 [frames, height, width, 3] and the object's centre per frame ([frames, 2], x and y).
 
     Size, start and distance are drawn from rng: the object is about a sixth of the frame wide, it
-    travels between 0.36 and 0.68 of the frame along its direction, and stays whole in every frame.
+    travels a share of the frame in TRAVEL along its direction, and stays whole in every frame.
     """
     side = min(height, width)
     size = side / 6.0 * rng.uniform(0.9, 1.15)
@@ -79,7 +82,7 @@ def render_clip(colour, shape, direction, frames, height, width, rng, supersampl
     along = width if dx else height
     across = height if dx else width
     margin = size / 2.0 + 1.0
-    travel = along * rng.uniform(0.36, 0.68)
+    travel = along * rng.uniform(*TRAVEL)
     travel = min(travel, along - 2 * margin)
     start = rng.uniform(margin, along - margin - travel)
     if dx < 0 or dy < 0:

@@ -14,6 +14,13 @@
      2 seeds) with their first K latent frames held to the clip's (replaced at every step by the
      clip's latents noised to that step's sigma); how far the last frame's object lands from the
      clip's, and how often the direction is right. K = 5 (all) gives ~1 px, the probe's floor.
+  6. clean context (--clean 4): as 5, but the K held frames are clean at every step (timestep 0 for
+     their tokens, diffusers' per-token timesteps): can the model continue a motion it is shown?
+  7. pooling (--pool): from 64 clips noised at one sigma for all frames (as sampling has them),
+     how often the model's estimate of the clean last frame (x_t - sigma v) has its largest energy
+     on the latent pixel where the clip's object is, with the four frames before it from the same
+     clip and from other clips: the gap is what the model gets from the frames around a frame
+     while all are equally noisy, where sampling decides where the object is.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -38,6 +45,8 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0, help="the --latent-scale the transformer was trained with")
     ap.add_argument("--context", action="store_true", help="also probe 4")
     ap.add_argument("--held", help="also probe 5 with these numbers of held frames, e.g. 0,2,4")
+    ap.add_argument("--clean", help="also probe 6 with these numbers of clean held frames, e.g. 4")
+    ap.add_argument("--pool", action="store_true", help="also probe 7")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -81,7 +90,39 @@ def main():
         probe_context(model, proc, z, ctx, bias, noise)
     if args.held:
         probe_held(args, model, proc, [int(k) for k in args.held.split(",")])
+    if args.clean:
+        probe_held(args, model, proc, [int(k) for k in args.clean.split(",")], clean=True)
+    if args.pool:
+        probe_pool(model, proc, z, d["parts"], args.model)
     return 0
+
+
+@torch.no_grad()
+def probe_pool(model, proc, z, parts, folder, n=64):
+    x0, other = z[:n], z[n:2 * n]
+    emb, lens = train.text_embeddings(folder, [world.prompt(*p) for p in parts[:n]], torch.float32)
+    ctx, bias = train.compact_text(emb, lens)
+    proc.bias = bias[:, None, None, :]
+    last = x0.shape[2] - 1
+
+    def where(x):  # [n, C, H, W] -> index of the latent pixel with the most energy
+        return x.pow(2).sum(1).flatten(1).argmax(1)
+
+    truth = where(x0[:, :, last])
+    for s in (0.99, 0.97, 0.95, 0.9, 0.8):
+        g = torch.Generator().manual_seed(0)
+        xt = (1 - s) * x0 + s * torch.randn(x0.shape, generator=g)
+        found = []
+        for mixed in (False, True):
+            x = xt.clone()
+            if mixed:
+                x[:, :, :last] = ((1 - s) * other + s * torch.randn(other.shape, generator=g))[:, :, :last]
+            v = model(x, torch.full((n,), s * 1000.0), ctx, return_dict=False)[0]
+            found.append((where((x - s * v)[:, :, last]) == truth).float().mean().item())
+        raw = (where(xt[:, :, last]) == truth).float().mean().item()
+        print(f"7. pooling: sigma {s}: the last frame's object found (1 of {x0.shape[3] * x0.shape[4]} latent pixels) "
+              f"{found[0]:.2f} with its own clip's frames around it, {found[1]:.2f} with other clips', "
+              f"{raw:.2f} from x_t alone")
 
 
 @torch.no_grad()
@@ -104,7 +145,7 @@ def probe_context(model, proc, z, ctx, bias, noise):
 
 
 @torch.no_grad()
-def probe_held(args, model, proc, helds, n=16, steps=20, shift=3.0, guidance=4.0):
+def probe_held(args, model, proc, helds, n=16, steps=20, shift=3.0, guidance=4.0, clean=False):
     import numpy as np
     from diffusers import AutoencoderKLWan
 
@@ -131,10 +172,17 @@ def probe_held(args, model, proc, helds, n=16, steps=20, shift=3.0, guidance=4.0
         for seed in (0, 1):
             noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
             x = noise.clone()
+            tokens = x0.shape[3] * x0.shape[4] // (model.config.patch_size[1] * model.config.patch_size[2])
             for i in range(steps):
-                x[:, :, :held] = (1 - sig[i]) * x0[:, :, :held] + sig[i] * noise[:, :, :held]
+                t = torch.full((2 * n, x0.shape[2]), float(sig[i]) * 1000.0)
+                if clean:
+                    x[:, :, :held] = x0[:, :, :held]
+                    t[:, :held] = 0.0
+                else:
+                    x[:, :, :held] = (1 - sig[i]) * x0[:, :, :held] + sig[i] * noise[:, :, :held]
                 proc.bias = b
-                v = model(torch.cat([x, x]), torch.full((2 * n,), float(sig[i]) * 1000.0), c, return_dict=False)[0]
+                v = model(torch.cat([x, x]), t.repeat_interleave(tokens, dim=1) if clean else t[:, 0], c,
+                          return_dict=False)[0]
                 x = x + (sig[i + 1] - sig[i]) * (v[n:] + guidance * (v[:n] - v[n:]))
             x[:, :, :held] = x0[:, :, :held]
             for j in range(n):
@@ -144,7 +192,7 @@ def probe_held(args, model, proc, helds, n=16, steps=20, shift=3.0, guidance=4.0
                 yy, xx = np.nonzero(m)
                 off.append(float(np.hypot(xx.mean() - ends[j][0], yy.mean() - ends[j][1])) if m.sum() >= 4 else 64.0)
                 right += world.judge(frames, world.prompt(*parts[j]))["direction_ok"]
-        print(f"5. held frames: {held} of {x0.shape[2]}: the last frame's object {np.median(off):.1f} px from the clip's "
+        print(f"{6 if clean else 5}. {'clean' if clean else 'held'} frames: {held} of {x0.shape[2]}: the last frame's object {np.median(off):.1f} px from the clip's "
               f"(median; mean {np.mean(off):.1f}), direction right {right / (2 * n):.2f}")
 
 

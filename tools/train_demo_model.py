@@ -294,8 +294,9 @@ def train_transformer(args, work, base, data, vae):
     watch = [(index[p], p) for p in world.all_prompts()[::3]]  # 20 prompts, every colour, shape, direction
     z = (data["z"] - data["mean"].view(1, -1, 1, 1, 1)) / data["std"].view(1, -1, 1, 1, 1)
     parts = data["parts"]
-    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=96 // args.head_dim, attention_head_dim=args.head_dim,
-                                  in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=384,
+    model = WanTransformer3DModel(patch_size=(args.patch_t, args.patch, args.patch), num_attention_heads=args.dim // args.head_dim,
+                                  attention_head_dim=args.head_dim,
+                                  in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=args.ffn,
                                   num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
                                   rope_max_seq_len=1024)
     before = {}
@@ -322,7 +323,10 @@ def train_transformer(args, work, base, data, vae):
         # sigma: half uniform, half shifted towards noise as Wan's flow shift does at sampling.
         def draw_sigmas(*shape):
             u = torch.rand(shape)
-            return torch.where(torch.rand(shape) < 0.5, u, 3.0 * u / (1 + 2.0 * u)).clamp(1e-3, 1.0)
+            drawn = torch.where(torch.rand(shape) < 0.5, u, 3.0 * u / (1 + 2.0 * u))
+            if args.high_sigma > 0:  # where the sampler decides where the object is
+                drawn = torch.where(torch.rand(shape) < args.high_sigma, 0.85 + 0.15 * torch.rand(shape), drawn)
+            return drawn.clamp(1e-3, 1.0)
 
         sigma = draw_sigmas(args.dit_batch)
         noise = torch.randn_like(x0)
@@ -342,7 +346,7 @@ def train_transformer(args, work, base, data, vae):
                 drawn = draw_sigmas(args.dit_batch, frames)
             per_frame = torch.where(own[:, None], drawn, sigma[:, None].expand(-1, frames))
             s5 = per_frame.view(-1, 1, frames, 1, 1)
-            tokens = x0.shape[3] * x0.shape[4] // 4  # per latent frame, patches of 2 x 2
+            tokens = x0.shape[3] * x0.shape[4] // args.patch ** 2  # per latent frame
             t = (per_frame * 1000.0).repeat_interleave(tokens, dim=1)
         else:
             s5 = sigma.view(-1, 1, 1, 1, 1)
@@ -451,7 +455,16 @@ def main():
                     help="share of transformer samples whose latent frames each get a sigma of their own")
     ap.add_argument("--frame-sigma-mode", choices=("mixed", "context"), default="mixed",
                     help="frames' own sigmas: drawn as the shared one is, or each nearly clean (< 0.3) or nearly noise (> 0.7)")
-    ap.add_argument("--head-dim", type=int, default=24, choices=(24, 48, 96), help="attention head dimension (width 96)")
+    ap.add_argument("--head-dim", type=int, default=24, help="attention head dimension (divides --dim)")
+    ap.add_argument("--dim", type=int, default=96, help="the transformer's width")
+    ap.add_argument("--ffn", type=int, default=384, help="the transformer's feed-forward width")
+    ap.add_argument("--patch-t", type=int, default=1,
+                    help="latent frames per token: 5 puts a 17-frame clip's 5 latent frames in one token")
+    ap.add_argument("--high-sigma", type=float, default=0.0,
+                    help="share of training samples with sigma in 0.85..1, where sampling places the object")
+    ap.add_argument("--travel", help="LO,HI: the world's travel range (demo_world.TRAVEL) for the clips drawn here")
+    ap.add_argument("--patch", type=int, default=2, choices=(1, 2),
+                    help="the transformer's spatial patch: 2 (Wan's) makes 4x4 tokens of a 64x64 frame, 1 makes 8x8")
     ap.add_argument("--ema", type=float, default=0.999)
     ap.add_argument("--flow-shift", type=float, default=3.0)
     ap.add_argument("--latent-scale", type=float, default=1.0,
@@ -461,6 +474,10 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.dim % args.head_dim or (args.frame_sigmas and args.patch_t != 1):
+        ap.error("--head-dim must divide --dim, and --frame-sigmas needs --patch-t 1")
+    if args.travel:
+        world.TRAVEL = tuple(float(v) for v in args.travel.split(","))
     os.makedirs(args.work, exist_ok=True)
     t0 = time.time()
     base = os.path.join(args.work, "base")
