@@ -13,10 +13,15 @@ UMT5EncoderModel, a SentencePiece T5 tokenizer, the UniPC scheduler config):
      frames, steps and guidance the model was made for) and training.json (losses, times);
   6. a check: WanPipeline renders the 60 prompts from the saved folder, tools/check_demo_video.py's
      judge reads colour, shape and direction back, and the script prints the accuracy.
-Fixed seed; about 35 minutes on 2 cores, 16 more for the second transformer round. CPU only;
-Python is for making the model, never at run time. The shipped model is:
-  .venv/bin/python tools/train_demo_model.py --out configs/demo-model
-  .venv/bin/python tools/train_demo_model.py --out configs/demo-model --dit-more --no-check
+The transformer's tokens each hold a 2x2 patch of latent pixels across all five latent frames
+(patch_size [5, 2, 2], width 320): with Wan's one frame per token ([1, 2, 2]) a model this small
+drew each latent frame from that frame's own noise, so objects jumped between frames and the
+direction was at chance (docs/benchmarks.md, "The demo model"); a token that holds its whole
+trajectory draws it in one piece, and attention only has to agree between neighbouring tokens.
+Fixed seed; about 35 minutes on 2 cores for the first run, 25 more for the second transformer
+round. CPU only; Python is for making the model, never at run time. The shipped model is:
+  .venv/bin/python tools/train_demo_model.py --out configs/demo-model --no-check
+  .venv/bin/python tools/train_demo_model.py --out configs/demo-model --dit-more --dit-steps 10000
 """
 import argparse
 import copy
@@ -444,7 +449,7 @@ def main():
     ap.add_argument("--vae-steps", type=int, default=0, help="VAE steps on 9-frame clips, after those")
     ap.add_argument("--vae-batch", type=int, default=4)
     ap.add_argument("--clips", type=int, default=2400)
-    ap.add_argument("--dit-steps", type=int, default=2500)
+    ap.add_argument("--dit-steps", type=int, default=5000)
     ap.add_argument("--dit-more", action="store_true", help="train the saved transformer for --dit-steps more")
     ap.add_argument("--dit-batch", type=int, default=32)
     ap.add_argument("--dit-lr", type=float, default=5e-4)
@@ -455,11 +460,12 @@ def main():
                     help="share of transformer samples whose latent frames each get a sigma of their own")
     ap.add_argument("--frame-sigma-mode", choices=("mixed", "context"), default="mixed",
                     help="frames' own sigmas: drawn as the shared one is, or each nearly clean (< 0.3) or nearly noise (> 0.7)")
-    ap.add_argument("--head-dim", type=int, default=24, help="attention head dimension (divides --dim)")
-    ap.add_argument("--dim", type=int, default=96, help="the transformer's width")
-    ap.add_argument("--ffn", type=int, default=384, help="the transformer's feed-forward width")
-    ap.add_argument("--patch-t", type=int, default=1,
-                    help="latent frames per token: 5 puts a 17-frame clip's 5 latent frames in one token")
+    ap.add_argument("--head-dim", type=int, default=80, help="attention head dimension (divides --dim)")
+    ap.add_argument("--dim", type=int, default=320, help="the transformer's width (a token's 5 x 2 x 2 x 16 numbers)")
+    ap.add_argument("--ffn", type=int, default=640, help="the transformer's feed-forward width")
+    ap.add_argument("--patch-t", type=int, default=5,
+                    help="latent frames per token: 5 puts all 5 latent frames of a 17-frame clip in one token, "
+                         "1 (Wan's) one frame per token (see the module's docstring)")
     ap.add_argument("--high-sigma", type=float, default=0.0,
                     help="share of training samples with sigma in 0.85..1, where sampling places the object")
     ap.add_argument("--travel", help="LO,HI: the world's travel range (demo_world.TRAVEL) for the clips drawn here")
