@@ -20,7 +20,9 @@
      how often the model's estimate of the clean last frame (x_t - sigma v) has its largest energy
      on the latent pixel where the clip's object is, with the four frames before it from the same
      clip and from other clips: the gap is what the model gets from the frames around a frame
-     while all are equally noisy, where sampling decides where the object is.
+     while all are equally noisy, where sampling decides where the object is. For reference, the
+     same from the exact posterior over the latents file's other clips, from all frames and from
+     the last frame alone: what knowing the data gives.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -120,9 +122,17 @@ def probe_pool(model, proc, z, parts, folder, n=64):
             v = model(x, torch.full((n,), s * 1000.0), ctx, return_dict=False)[0]
             found.append((where((x - s * v)[:, :, last]) == truth).float().mean().item())
         raw = (where(xt[:, :, last]) == truth).float().mean().item()
+        # A reference that knows the data: the posterior mean over the other clips' latents (the
+        # exact denoiser of that finite set), from all frames and from the last frame alone.
+        known = []
+        for frames in (slice(None), slice(last, last + 1)):
+            a, b = xt[:, :, frames].flatten(1), ((1 - s) * z[2 * n:, :, frames]).flatten(1)
+            w = torch.softmax(-torch.cdist(a, b) ** 2 / (2 * s * s), dim=1)
+            known.append((where((w @ z[2 * n:, :, last].flatten(1)).view_as(x0[:, :, last])) == truth).float().mean().item())
         print(f"7. pooling: sigma {s}: the last frame's object found (1 of {x0.shape[3] * x0.shape[4]} latent pixels) "
               f"{found[0]:.2f} with its own clip's frames around it, {found[1]:.2f} with other clips', "
-              f"{raw:.2f} from x_t alone")
+              f"{raw:.2f} from x_t alone; the posterior over {len(z) - 2 * n} other clips {known[0]:.2f} from all "
+              f"frames, {known[1]:.2f} from the last alone")
 
 
 @torch.no_grad()
@@ -167,12 +177,16 @@ def probe_held(args, model, proc, helds, n=16, steps=20, shift=3.0, guidance=4.0
     b = torch.cat([bias[1:], bias[[0] * n]])[:, None, None, :]
     sig = torch.linspace(1.0, 0.0, steps + 1)
     sig = shift * sig / (1 + (shift - 1) * sig)
+    pt, ph, pw = model.config.patch_size
+    if clean and pt != 1:  # a token spans several latent frames: no timestep of a frame's own
+        print(f"6. clean frames: not for a transformer with {pt} latent frames per token")
+        return
+    tokens = x0.shape[3] * x0.shape[4] // (ph * pw)  # per latent frame
     for held in helds:
         off, right = [], 0
         for seed in (0, 1):
             noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
             x = noise.clone()
-            tokens = x0.shape[3] * x0.shape[4] // (model.config.patch_size[1] * model.config.patch_size[2])
             for i in range(steps):
                 t = torch.full((2 * n, x0.shape[2]), float(sig[i]) * 1000.0)
                 if clean:

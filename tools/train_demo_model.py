@@ -351,7 +351,7 @@ def train_transformer(args, work, base, data, vae):
                 drawn = draw_sigmas(args.dit_batch, frames)
             per_frame = torch.where(own[:, None], drawn, sigma[:, None].expand(-1, frames))
             s5 = per_frame.view(-1, 1, frames, 1, 1)
-            tokens = x0.shape[3] * x0.shape[4] // args.patch ** 2  # per latent frame
+            tokens = x0.shape[3] * x0.shape[4] // (model.config.patch_size[1] * model.config.patch_size[2])
             t = (per_frame * 1000.0).repeat_interleave(tokens, dim=1)
         else:
             s5 = sigma.view(-1, 1, 1, 1, 1)
@@ -453,9 +453,6 @@ def main():
     ap.add_argument("--dit-more", action="store_true", help="train the saved transformer for --dit-steps more")
     ap.add_argument("--dit-batch", type=int, default=32)
     ap.add_argument("--dit-lr", type=float, default=5e-4)
-    # 3D RoPE splits a head's dimensions over time, height and width: at 24 each axis gets 4
-    # rotation frequencies (1, 0.1, 0.01, 0.001 rad per position), of which one or two tell
-    # offsets of 1-4 tokens apart; 48 gives 8 per axis at the same width (2 heads of 48).
     ap.add_argument("--frame-sigmas", type=float, default=0.0,
                     help="share of transformer samples whose latent frames each get a sigma of their own")
     ap.add_argument("--frame-sigma-mode", choices=("mixed", "context"), default="mixed",
@@ -480,6 +477,8 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # 3D RoPE splits a head's dimensions over time, height and width (at 24, 4 rotation
+    # frequencies per axis; at 80, 13-14), so --head-dim sets how finely offsets are told apart.
     if args.dim % args.head_dim or (args.frame_sigmas and args.patch_t != 1):
         ap.error("--head-dim must divide --dim, and --frame-sigmas needs --patch-t 1")
     if args.travel:
