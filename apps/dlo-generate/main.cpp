@@ -15,26 +15,24 @@
 // Exit codes: 0 ok, 2 bad invocation or input (found before any weight is read; nothing written),
 // 3 a batch finished with some jobs failed, 130/143 stopped by SIGINT/SIGTERM, 1 anything else.
 //
-// The outputs this build writes come from its format table (dlo/app/output_formats.h), linked by
-// CMake: libav's for dlo-generate, frames as .safetensors for dlo-generate-bare.
+// The flags, the run options they give and rank 0's plan are dlo/app/generate_cli.h's; this file
+// joins them to the collective start-up, the console and dlo::generate. The outputs this build
+// writes come from its format table (dlo/app/output_formats.h), linked by CMake: libav's for
+// dlo-generate, frames as .safetensors for dlo-generate-bare.
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 
-#include <cxxopts.hpp>
-
 #include "dlo/app/console.h"
+#include "dlo/app/generate_cli.h"
 #include "dlo/app/job_flags.h"
 #include "dlo/app/output_formats.h"
 #include "dlo/app/tool.h"
-#include "dlo/common/bytes.h"
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
 #include "dlo/common/folder_lock.h"
@@ -42,209 +40,13 @@
 #include "dlo/dist/device.h"
 #include "dlo/models/weights.h"
 #include "dlo/mpi/mpi_world.h"
-#include "dlo/pipeline/batch_plan.h"
-#include "dlo/render/generate.h"
 
 namespace {
-
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-cxxopts::Options make_options(const dlo::AppOutputs& outputs) {
-  cxxopts::Options opts(outputs.build, "Text to video with a Wan2.1 text-to-video model (diffusers layout)");
-  opts.add_options()("model", "model folder (diffusers layout: transformer/, vae/, text_encoder/, tokenizer/, scheduler/)",
-                     cxxopts::value<std::string>())(
-      "jobs", "a batch: a YAML manifest or a .txt file of prompts (docs/manifest.md)", cxxopts::value<std::string>())(
-      "output-dir", "batch: where videos and results.jsonl go (default: the manifest's output_dir)",
-      cxxopts::value<std::string>())("force", "batch: render every job again, also those done or changed since")(
-      "dry-run", "batch: print the plan and the memory estimate, render nothing")(
-      "dtype", "transformer and text encoder: bf16, fp32 or fp16", cxxopts::value<std::string>()->default_value("bf16"))(
-      "vae-dtype", "VAE: fp32, bf16 or fp16", cxxopts::value<std::string>()->default_value("fp32"))(
-      "offload", "auto, resident, device-shards, mixed, dlo or layerwise",
-      cxxopts::value<std::string>()->default_value("auto"))(
-      "device-budget", "device memory each rank may use, e.g. 40GiB (auto decides from it; mixed keeps as many "
-      "blocks' shards on the device as fit). Default: the device's free memory", cxxopts::value<std::string>())(
-      "device", "auto, cpu, cuda or cuda:N (default: local rank modulo visible GPUs)",
-      cxxopts::value<std::string>()->default_value("auto"))(
-      "text-vae-device", "with the transformer on CUDA, where the text encoder and the VAE run: auto (the GPU when "
-      "that leaves the transformer's strategy as it is), cuda or cpu", cxxopts::value<std::string>()->default_value("auto"))(
-      "threads", "CPU threads per rank (0: the cores divided among this node's ranks)",
-      cxxopts::value<std::string>()->default_value("0"))(
-      "report", "write the results and every rank's engine and memory facts as JSON (rank 0)",
-      cxxopts::value<std::string>())("keep-page-cache", "keep the checkpoint's pages cached after building the shards")(
-      "sp", "ranks that split one job along the sequence (Ulysses), or auto (default: a single prompt or a short "
-      "batch takes every rank, a full batch one rank per job; see --dry-run)", cxxopts::value<std::string>()->default_value("auto"))(
-      "cfg-parallel", "on, off or auto: a guided job's two guidance branches on two halves of its ranks",
-      cxxopts::value<std::string>()->default_value("auto"))(
-      "no-expert-alignment", "two experts: let each rank step its current job even when that makes a pass "
-      "stream both experts (default: park a job or start the next early to keep the ranks on one)")(
-      "quiet", "print only errors and failed jobs")("help-fields", "print the job-field table (Markdown) and exit")(
-      "h,help", "help");
-  dlo::add_job_field_flags(opts);
-  opts.add_options("test hooks")("fail-job", "this job (manifest index) fails in step --fail-step",
-                                 cxxopts::value<std::string>())(
-      "fail-step", "see --fail-job", cxxopts::value<std::string>()->default_value("1"))(
-      "fail-block", "with --fail-job: the block it fails at (-1: the step's inputs, before the traversal)",
-      cxxopts::value<std::string>()->default_value("0"))(
-      "fail-at-block", "this rank's transfer of that block fails (every pass)", cxxopts::value<std::string>())(
-      "fail-io-at-pass", "this rank fails with an I/O error at that pass boundary", cxxopts::value<std::string>())(
-      "fail-rank", "the rank of --fail-job / --fail-at-block / --fail-io-at-pass (default: every rank)",
-      cxxopts::value<std::string>()->default_value("-1"))(
-      "slow-decode-ms", "every VAE decode waits this long first (a slow decoder)", cxxopts::value<std::string>())(
-      "await-prepared", "at each pass boundary wait for this rank's next job's prompts (deterministic scheduling)")(
-      "test-topology-skew-rank", "this rank claims groups one rank larger than the others (the topology agreement)",
-      cxxopts::value<std::string>());
-  return opts;
-}
-
-std::int64_t int_flag(const cxxopts::ParseResult& a, const std::string& flag) {
-  const std::string text = a[flag].as<std::string>();
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DLO_CHECK(used == text.size() && !text.empty(), "--", flag, ": '", text, "' is not an integer");
-  return v;
-}
-
-// Run options, the same on every rank.
-dlo::GenerateOptions generate_options(const cxxopts::ParseResult& a) {
-  dlo::GenerateOptions go;
-  go.dtype = dlo::parse_compute_dtype(a["dtype"].as<std::string>(), "--dtype");
-  go.vae_dtype = dlo::parse_compute_dtype(a["vae-dtype"].as<std::string>(), "--vae-dtype");
-  go.offload = a["offload"].as<std::string>();
-  DLO_CHECK(go.offload == "auto" || dlo::parse_strategy(go.offload), "--offload: '", go.offload,
-            "' is not auto, resident, device-shards, mixed, dlo or layerwise");
-  if (a.count("device-budget")) go.device_budget = dlo::parse_bytes(a["device-budget"].as<std::string>(), "--device-budget");
-  if (const char* id = std::getenv("NCCL_HOSTID")) go.host_id = id;
-  go.device = a["device"].as<std::string>();
-  go.text_vae = dlo::parse_aux_placement(a["text-vae-device"].as<std::string>(), "--text-vae-device");
-  go.keep_page_cache = a.count("keep-page-cache") > 0;
-  go.align_experts = a.count("no-expert-alignment") == 0;
-  go.topology.sp = dlo::parse_sp(a["sp"].as<std::string>(), "--sp");
-  go.topology.cfg = dlo::parse_cfg_parallel(a["cfg-parallel"].as<std::string>(), "--cfg-parallel");
-  const int rank = static_cast<int>(int_flag(a, "fail-rank"));
-  if (a.count("fail-job")) {
-    go.faults.compute_job = int_flag(a, "fail-job");
-    go.faults.compute_step = int_flag(a, "fail-step");
-    go.faults.compute_block = int_flag(a, "fail-block");
-    go.faults.compute_rank = rank;
-  }
-  if (a.count("fail-at-block")) go.faults.transfer_block = int_flag(a, "fail-at-block"), go.faults.transfer_rank = rank;
-  if (a.count("fail-io-at-pass")) go.faults.io_pass = int_flag(a, "fail-io-at-pass"), go.faults.io_rank = rank < 0 ? 0 : rank;
-  if (a.count("slow-decode-ms")) go.faults.decode_delay_ms = int_flag(a, "slow-decode-ms");
-  go.faults.await_prepared = a.count("await-prepared") > 0;
-  if (a.count("test-topology-skew-rank")) go.faults.topology_skew_rank = static_cast<int>(int_flag(a, "test-topology-skew-rank"));
-  return go;
-}
-
-// Rank 0: the plan of one --prompt job, every check made before any weight is read.
-dlo::BatchPlan prompt_plan(const cxxopts::ParseResult& a, const dlo::JobFlags& flags, const dlo::AppOutputs& outputs,
-                           const std::string& dtypes) {
-  DLO_CHECK(a.count("model"), "missing --model DIR");
-  DLO_CHECK(!a.count("output-dir") && !a.count("dry-run") && !a.count("force"),
-            "--output-dir, --dry-run and --force are for batches (--jobs)");
-  dlo::BatchPlan p;
-  p.model_dir = dlo::canonical_path(a["model"].as<std::string>());
-  // The seed: given, or drawn here (on rank 0, which renders) and recorded in the metadata.
-  const dlo::ModelInfo model = dlo::read_model_info(p.model_dir);
-  dlo::JobSpec job = dlo::prompt_job(flags, outputs.names(), std::random_device{}() & 0xffffffffu,
-                                     dlo::read_model_job_defaults(p.model_dir));
-  dlo::check_prompt_job(job, model, outputs.names(), flags);
-  for (const std::string* out : {&job.output, &job.save_latents})
-    DLO_CHECK(out->empty() || (dlo::canonical_path(*out) + "/").rfind(p.model_dir + "/", 0) != 0, "--",
-              out == &job.output ? "out" : "save-latents", ": '", *out, "' is inside the model folder '", p.model_dir, "'");
-  dlo::with_context("--out", [&] { outputs.format(job.format).check(job, model); });
-  DLO_CHECK(job.save_latents.empty() || !ends_with(job.save_latents, ".h5"),
-            "--save-latents: .h5 files collect a batch's latents (--jobs); for one prompt write .safetensors");
-  if (!job.save_latents.empty()) dlo::with_context("--save-latents", [&] { dlo::check_output_path(job.save_latents); });
-  job.output = dlo::canonical_path(job.output);
-  if (!job.save_latents.empty()) job.save_latents = dlo::canonical_path(job.save_latents);
-  p.model_identity = dlo::model_identity(p.model_dir);
-  p.jobs.push_back({job, 0, dlo::job_fingerprint(job, model, p.model_identity, dtypes)});
-  return p;
-}
-
-// Rank 0: the plan of a batch (manifest, checks, resume) and its latents file.
-// The output folder's lock file: a second batch on the folder is refused while this one runs.
-constexpr const char* kLockFileName = ".dlo-generate.lock";
-
-dlo::BatchPlan batch_plan(const cxxopts::ParseResult& a, dlo::JobFlags flags, const dlo::AppOutputs& outputs,
-                          const std::string& dtypes, std::optional<dlo::FolderLock>& lock) {
-  flags.erase("save_latents");  // for a batch, --save-latents names its latents file
-  for (const char* single : {"prompt", "out"})
-    DLO_CHECK(!a.count(single), "--", single,
-              " is for one prompt; with --jobs each job has its own (manifest keys prompt, output)");
-  if (a.count("save-latents")) {
-    const std::string file = a["save-latents"].as<std::string>();
-    DLO_CHECK(outputs.open_latents, "--save-latents ", file, ": ", outputs.no_latents_store);
-    DLO_CHECK(ends_with(file, outputs.latents_suffix), "--save-latents: a batch keeps its latents in one file (FILE",
-              outputs.latents_suffix, ")");
-    dlo::with_context("--save-latents", [&] { dlo::check_output_path(file); });
-  }
-  dlo::BatchPlanOptions o;
-  o.manifest = a["jobs"].as<std::string>();
-  o.flags = std::move(flags);
-  if (a.count("model")) o.model = a["model"].as<std::string>();
-  if (a.count("output-dir")) o.output_dir = a["output-dir"].as<std::string>();
-  o.formats = outputs.names();
-  o.force = a.count("force") > 0;
-  o.dry_run = a.count("dry-run") > 0;
-  o.dtypes = dtypes;
-  o.check_output = [&](const dlo::JobSpec& j, const dlo::ModelInfo& m) { outputs.format(j.format).check(j, m); };
-  o.recorded_fingerprint = [&](const dlo::JobSpec& j) {
-    const dlo::OutputFormat& f = outputs.format(j.format);
-    return f.recorded_fingerprint ? f.recorded_fingerprint(j.output) : std::string();
-  };
-  o.hold_output_dir = [&](const std::string& dir) { lock.emplace(dir, kLockFileName); };
-  return dlo::plan_batch(o);
-}
-
-void print_dry_run(const dlo::MpiWorld& world, const dlo::ModelInfo& model, const dlo::BatchPlan& plan,
-                   const dlo::GenerateOptions& go) {
-  const dlo::RenderPlan rp = dlo::plan_render(world, model, plan.jobs, go);
-  if (world.rank() != 0) return;
-  // Each runnable job's phase and, for the first jobs of a phase, the ranks it starts on.
-  std::int64_t position = 0;
-  for (std::size_t i = 0; i < plan.jobs.size(); ++i) {
-    const auto& j = plan.jobs[i].spec;
-    std::cout << "job " << plan.jobs[i].index << " '" << j.id << "': " << j.width << "x" << j.height << ", " << j.frames
-              << " frames, " << j.steps << " steps, guidance " << j.guidance << " -> " << j.output;
-    const auto& refused = rp.memory.refused;
-    if (std::find(refused.begin(), refused.end(), static_cast<std::int64_t>(i)) != refused.end()) {
-      std::cout << " (does not fit in memory)\n";
-      continue;
-    }
-    for (std::size_t p = 0; p < rp.topology.phases.size(); ++p) {
-      const dlo::TopologyPhase& ph = rp.topology.phases[p];
-      if (position < ph.first || position >= ph.first + ph.count) continue;
-      const int P = ph.topology.group_size, first = static_cast<int>(position - ph.first) * P;
-      const std::string when = p == 0 ? "starts on" : "then, once the jobs before it are denoised, on";
-      if (first < world.size())
-        std::cout << (P == 1 ? dlo::str(" (", when, " rank ", first, ")")
-                             : dlo::str(" (", when, " ranks ", first, "-", first + P - 1, ", ",
-                                        ph.topology.label(j.guided()), ")"));
-      else if (p > 0)
-        std::cout << " (in the tail, on the next free group of " << P << " rank(s))";
-    }
-    ++position;
-    std::cout << "\n";
-  }
-  std::cout << "topology: " << rp.topology.reason << "\n";
-  std::cout << "memory per rank with " << dlo::strategy_name(rp.memory.choice.strategy) << " on " << world.size()
-            << " rank(s) (estimate; device " << rp.device << "):\n"
-            << rp.memory.describe() << "\n";
-}
 
 int run(dlo::MpiWorld& world, int argc, char** argv) {
   const dlo::AppOutputs& outputs = dlo::app_outputs();
   const std::string tool = outputs.build;
-  cxxopts::Options opts = make_options(outputs);
+  cxxopts::Options opts = dlo::generate_flag_table(outputs);
   // Everything checkable is checked before any weight is read: the flags and options on every
   // rank, the jobs on rank 0, which shares the plan. A problem is the same error on every rank.
   std::string error, thread_note, plan_text;
@@ -261,9 +63,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     DLO_CHECK(args.unmatched().empty(), "unexpected argument '", args.unmatched().front(), "'");
     batch = args.count("jobs") > 0;
     world.set_timeout_s(dlo::gather_timeout_setting(std::getenv("DLO_GATHER_TIMEOUT_S")));
-    const int threads = dlo::bound_threads(static_cast<int>(int_flag(args, "threads")), "--threads", &thread_note);
+    const int threads = dlo::bound_threads(static_cast<int>(dlo::integer_flag(args, "threads")), "--threads", &thread_note);
     if (threads > 0) at::set_num_threads(threads);
-    go = generate_options(args);
+    go = dlo::generate_options_from_flags(args);
     (void)dlo::pick_device(go.device, world, "--device");  // a bad --device before anything is written
     DLO_CHECK(batch || args.count("prompt"),
               "give --prompt TEXT (one video; an empty prompt is allowed: --prompt \"\") or --jobs FILE (a batch)");
@@ -272,7 +74,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       if (args.count("report")) dlo::with_context("--report", [&] { dlo::check_output_path(args["report"].as<std::string>()); });
       const dlo::JobFlags flags = dlo::job_field_flags(args);
       const std::string dtypes = dlo::dtypes_label(go);
-      const dlo::BatchPlan plan = batch ? batch_plan(args, flags, outputs, dtypes, lock) : prompt_plan(args, flags, outputs, dtypes);
+      const dlo::BatchPlan plan = batch ? dlo::batch_plan_from_flags(args, flags, outputs, dtypes, lock)
+                                          : dlo::prompt_plan_from_flags(args, flags, outputs, dtypes);
       plan_text = dlo::plan_to_json(plan);
     }
   } catch (const cxxopts::exceptions::exception& e) {
@@ -282,7 +85,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   }
   world.check_all(error);
   std::string threads_why = "--threads";
-  if (int_flag(args, "threads") == 0) {
+  if (dlo::integer_flag(args, "threads") == 0) {
     try {
       at::set_num_threads(dlo::default_threads(world, &threads_why));  // collective
     } catch (const dlo::Error& e) {
@@ -328,7 +131,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
               << " rank(s) share the transformer's weights (how they split the job: the topology, at the end)\n";
   }
   if (args.count("dry-run")) {
-    print_dry_run(world, model, plan, go);
+    dlo::print_dry_run(world, model, plan, go);
     return dlo::kExitOk;
   }
 

@@ -1,0 +1,101 @@
+// dlo/app/generate_cli.h: what dlo-generate's flags turn into (the run options, the job-field
+// flags) and the errors a bad flag gets, each naming the flag. Values checked by hand against the
+// flags given; the end-to-end behaviour of the tool is tests/app/*.sh's.
+#include "common/doctest_torch.h"  // first: removes c10's glog-style CHECK
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dlo/app/generate_cli.h"
+#include "dlo/app/job_flags.h"
+#include "dlo/common/error.h"
+
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+cxxopts::ParseResult parse(cxxopts::Options& table, std::vector<std::string> words) {
+  words.insert(words.begin(), "dlo-generate");
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  return table.parse(static_cast<int>(argv.size()), argv.data());
+}
+
+// The flag table needs only the tool's name; no output format is opened here.
+const dlo::AppOutputs& outputs() {
+  static const dlo::AppOutputs o = [] {
+    dlo::AppOutputs a;
+    a.build = "dlo-generate";
+    return a;
+  }();
+  return o;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const dlo::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("dlo-generate's run flags become the run options they name") {
+  cxxopts::Options table = dlo::generate_flag_table(outputs());
+  const auto args = parse(table, {"--jobs", "j.yaml", "--dtype", "fp32", "--offload", "dlo", "--device-budget", "3GiB",
+                                  "--sp", "2", "--cfg-parallel", "off", "--no-expert-alignment", "--fail-job", "4",
+                                  "--fail-step", "2", "--fail-rank", "1", "--steps", "7", "--guidance", "1"});
+  const dlo::GenerateOptions go = dlo::generate_options_from_flags(args);
+  CHECK((go.dtype == at::kFloat));
+  CHECK((go.vae_dtype == at::kFloat));  // the default
+  CHECK(go.offload == "dlo");
+  REQUIRE(go.device_budget.has_value());
+  CHECK(*go.device_budget == 3ull << 30);
+  CHECK(go.topology.sp == 2);
+  CHECK((go.topology.cfg == dlo::TopologyRequest::Cfg::kOff));
+  CHECK_FALSE(go.align_experts);
+  CHECK(go.faults.compute_job == 4);
+  CHECK(go.faults.compute_step == 2);
+  CHECK(go.faults.compute_rank == 1);
+  CHECK(go.faults.transfer_block == -1);  // not asked
+  // The job-field flags are in the same table, as text for the job table's own parser.
+  const dlo::JobFlags flags = dlo::job_field_flags(args);
+  CHECK(flags.at("steps") == "7");
+  CHECK(flags.at("guidance") == "1");
+  CHECK(flags.count("seed") == 0);
+}
+
+TEST_CASE("dlo-generate's defaults: auto everywhere, bf16 transformer, fp32 VAE, no faults") {
+  cxxopts::Options table = dlo::generate_flag_table(outputs());
+  const dlo::GenerateOptions go = dlo::generate_options_from_flags(parse(table, {"--prompt", "a red circle"}));
+  CHECK((go.dtype == at::kBFloat16));
+  CHECK((go.vae_dtype == at::kFloat));
+  CHECK(go.offload == "auto");
+  CHECK(go.device == "auto");
+  CHECK_FALSE(go.device_budget.has_value());
+  CHECK(go.topology.sp == 0);
+  CHECK((go.topology.cfg == dlo::TopologyRequest::Cfg::kAuto));
+  CHECK(go.align_experts);
+  CHECK(go.faults.compute_job == -1);
+  CHECK(go.faults.io_pass == -1);
+}
+
+TEST_CASE("a bad run flag is an error naming the flag and the value") {
+  cxxopts::Options table = dlo::generate_flag_table(outputs());
+  const auto with = [&](std::vector<std::string> words) {
+    return error_of([&] { (void)dlo::generate_options_from_flags(parse(table, std::move(words))); });
+  };
+  CHECK_MESSAGE(has(with({"--offload", "fast"}), "--offload: 'fast' is not auto, resident"), with({"--offload", "fast"}));
+  CHECK(has(with({"--dtype", "int8"}), "--dtype"));
+  CHECK(has(with({"--device-budget", "lots"}), "--device-budget"));
+  CHECK(has(with({"--sp", "two"}), "--sp"));
+  CHECK(has(with({"--cfg-parallel", "maybe"}), "--cfg-parallel"));
+  CHECK(has(with({"--fail-job", "1", "--fail-step", "2x"}), "--fail-step: '2x' is not an integer"));
+  const auto threads = parse(table, {"--threads", "12x"});
+  CHECK(error_of([&] { (void)dlo::integer_flag(threads, "threads"); }) == "--threads: '12x' is not an integer");
+  const auto empty = parse(table, {"--threads", ""});
+  CHECK(has(error_of([&] { (void)dlo::integer_flag(empty, "threads"); }), "is not an integer"));
+}
