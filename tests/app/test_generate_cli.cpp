@@ -7,9 +7,15 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/Flags.h>
+
 #include "dlo/app/generate_cli.h"
 #include "dlo/app/job_flags.h"
+#include "dlo/app/tool.h"
 #include "dlo/common/error.h"
+
+C10_DECLARE_bool(caffe2_use_fatal_for_enforce);
+C10_DECLARE_int(minloglevel);
 
 namespace {
 
@@ -98,4 +104,23 @@ TEST_CASE("a bad run flag is an error naming the flag and the value") {
   CHECK(error_of([&] { (void)dlo::integer_flag(threads, "threads"); }) == "--threads: '12x' is not an integer");
   const auto empty = parse(table, {"--threads", ""});
   CHECK(has(error_of([&] { (void)dlo::integer_flag(empty, "threads"); }), "is not an integer"));
+}
+
+// This binary links what dlo-generate links (the renderer, the text encoder, the tokenizer). When
+// the tokenizer linked libsentencepiece.so.0, its 32-byte FLAGS_minloglevel was bound to libc10's
+// 4-byte one and its constructor overwrote libc10's globals beside it: the allocation below then
+// aborted the process (c10 LOG(FATAL)) instead of throwing (text/tokenizer.cpp, check_spm).
+TEST_CASE("with everything dlo-generate links, libc10's globals are intact and an allocation failure throws") {
+  CHECK_FALSE(FLAGS_caffe2_use_fatal_for_enforce);
+  CHECK(FLAGS_minloglevel == 0);  // c10's default
+  std::string what;
+  bool oom = false;
+  try {
+    (void)at::empty({std::int64_t{1} << 40}, at::kFloat);  // 4 TiB
+  } catch (const std::exception& e) {
+    oom = dlo::is_allocation_failure(e);
+    what = dlo::describe_exception(e);
+  }
+  CHECK(oom);
+  CHECK_MESSAGE(has(what, "out of memory"), what);
 }

@@ -277,7 +277,32 @@ TEST_CASE("tokenizer folder errors name the folder and say what is supported") {
 
   std::filesystem::create_directories(dir.file("garbage"));
   write(dir.file("garbage/spiece.model"), "this is not a model");
-  CHECK(contains(load_error(dir.file("garbage")), "spiece.model: SentencePiece cannot load it"));
+  CHECK(contains(load_error(dir.file("garbage")), "spiece.model: not a SentencePiece model: unsupported protobuf wire type"));
+  write(dir.file("garbage/spiece.model"), make_model(hand_pieces()).substr(0, 40));
+  CHECK(contains(load_error(dir.file("garbage")), "spiece.model: not a SentencePiece model: truncated protobuf"));
+
+  // What SentencePiece itself refuses (the library is not linked; text/tokenizer.cpp, check_spm).
+  const auto refused = [&](const std::string& name, std::vector<Piece> pieces) {
+    std::filesystem::create_directories(dir.file(name));
+    write(dir.file(name + "/spiece.model"), make_model(pieces));
+    return load_error(dir.file(name));
+  };
+  auto twice = hand_pieces();
+  twice[9].text = "a";  // "x" becomes a second "a"
+  CHECK(contains(refused("twice", twice), "spiece.model: piece 'a' appears twice (ids 4 and 9)"));
+  auto no_unk = hand_pieces();
+  no_unk[2].type = 3;
+  CHECK(contains(refused("no_unk", no_unk), "spiece.model: 0 unknown pieces (type 2); a SentencePiece model has exactly one"));
+  auto two_unk = hand_pieces();
+  two_unk[10].type = 2;
+  CHECK(contains(refused("two_unk", two_unk), "spiece.model: 2 unknown pieces"));
+  auto empty_piece = hand_pieces();
+  empty_piece[5].text = "";
+  CHECK(contains(refused("empty_piece", empty_piece), "spiece.model: piece 5 is empty"));
+  auto bad_type = hand_pieces();
+  bad_type[6].type = 9;
+  CHECK(contains(refused("bad_type", bad_type), "has type 9, not one of SentencePiece's 1-6"));
+  CHECK(contains(refused("no_pieces", {}), "spiece.model: no pieces"));
 
   std::filesystem::create_directories(dir.file("not_t5"));
   auto pieces = hand_pieces();

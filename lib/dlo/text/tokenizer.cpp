@@ -11,7 +11,6 @@
 #include <unordered_map>
 #include <utility>
 
-#include <sentencepiece_processor.h>
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
@@ -272,8 +271,8 @@ struct ProtoReader {
   }
 };
 
-// SentencePiece piece types (ModelProto.SentencePiece.Type).
-enum PieceType { kPieceNormal = 1, kPieceUnknown = 2, kPieceControl = 3, kPieceUserDefined = 4 };
+// SentencePiece piece types (ModelProto.SentencePiece.Type): NORMAL 1 .. BYTE 6.
+enum PieceType { kPieceNormal = 1, kPieceUnknown = 2, kPieceControl = 3, kPieceUserDefined = 4, kPieceByte = 6 };
 
 struct SpmModel {
   std::vector<std::string> pieces;
@@ -325,6 +324,28 @@ SpmModel parse_spm(std::string_view bytes, const std::string& where) {
     }
   }
   return m;
+}
+
+// What SentencePiece itself refuses when it loads a unigram model (model_interface.cc,
+// unigram_model.cc: no pieces, an empty or repeated piece, not exactly one unknown piece; also a
+// type outside its enum, which protobuf would read as normal), checked here so that the library is not linked: libsentencepiece.so.0
+// exports a 32-byte FLAGS_minloglevel that the dynamic linker binds to libc10's 4-byte one of the
+// same name, and its constructor then overwrote libc10's neighbouring globals (among them
+// FLAGS_caffe2_use_fatal_for_enforce: a failed allocation in libtorch aborted the process instead
+// of throwing). The model's own structure is what parse_spm reads.
+void check_spm(const SpmModel& m, const std::string& where) {
+  DLO_CHECK(!m.pieces.empty(), where, ": no pieces (not a SentencePiece model?)");
+  std::unordered_map<std::string_view, std::size_t> seen;
+  std::int64_t unknown = 0;
+  for (std::size_t i = 0; i < m.pieces.size(); ++i) {
+    DLO_CHECK(!m.pieces[i].empty(), where, ": piece ", i, " is empty");
+    DLO_CHECK(m.types[i] >= kPieceNormal && m.types[i] <= kPieceByte, where, ": piece ", i, " ('", m.pieces[i],
+              "') has type ", m.types[i], ", not one of SentencePiece's 1-6");
+    const auto [it, fresh] = seen.emplace(m.pieces[i], i);
+    DLO_CHECK(fresh, where, ": piece '", m.pieces[i], "' appears twice (ids ", it->second, " and ", i, ")");
+    unknown += m.types[i] == kPieceUnknown;
+  }
+  DLO_CHECK(unknown == 1, where, ": ", unknown, " unknown pieces (type 2); a SentencePiece model has exactly one");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -851,14 +872,8 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
     if (fs::exists(model_path)) {
       d.source = model_path;
       const std::string bytes = read_file(model_path);
-      {
-        // SentencePiece itself must accept the file (it validates the model thoroughly).
-        sentencepiece::SentencePieceProcessor sp;
-        const auto status = sp.LoadFromSerializedProto(bytes);
-        DLO_CHECK(status.ok(), model_path, ": SentencePiece cannot load it: ", status.ToString());
-      }
-      SpmModel m = parse_spm(bytes, model_path);
-      DLO_CHECK(!m.pieces.empty(), model_path, ": no pieces (not a SentencePiece model?)");
+      SpmModel m = parse_spm(bytes, model_path + ": not a SentencePiece model");
+      check_spm(m, model_path);
       DLO_CHECK(m.model_type == 1, model_path, ": model type ", m.model_type,
                 " is not unigram (1); T5 tokenizers are unigram SentencePiece models");
       d.charsmap_blob = m.precompiled_charsmap;
