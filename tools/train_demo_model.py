@@ -18,10 +18,15 @@ The transformer's tokens each hold a 2x2 patch of latent pixels across all five 
 drew each latent frame from that frame's own noise, so objects jumped between frames and the
 direction was at chance (docs/benchmarks.md, "The demo model"); a token that holds its whole
 trajectory draws it in one piece, and attention only has to agree between neighbouring tokens.
-Fixed seed; about 35 minutes on 2 cores for the first run, 25 more for the second transformer
-round. CPU only; Python is for making the model, never at run time. The shipped model is:
+The VAE decodes its latents through noise (--vae-latent-noise) so that every colour lies well away
+from the background and from the others in the latent space the transformer samples in; the
+second transformer round weighs each clip by the inverse of its latents' energy
+(--balance-colours), so that a faint colour's errors cost as much as a bright one's.
+Fixed seed; about 50 minutes on 2 cores for the first run (VAE 12 min, latents 4, transformer
+30), 20 more for the second transformer round. CPU only; Python is for making the model, never
+at run time. The shipped model is:
   .venv/bin/python tools/train_demo_model.py --out configs/demo-model --no-check
-  .venv/bin/python tools/train_demo_model.py --out configs/demo-model --dit-more --dit-steps 10000
+  .venv/bin/python tools/train_demo_model.py --out configs/demo-model --dit-more --dit-steps 8000 --balance-colours
 """
 import argparse
 import copy
@@ -119,7 +124,9 @@ def train_vae(args, work):
     def rate(step):
         # The clip phase starts from a good per-frame model: a fifth of the rate keeps it (at the
         # first phase's rate the new temporal taps wreck the frames before they learn the motion).
-        start, n, peak = (0, images, 2e-3) if step < images else (images, args.vae_steps, 2e-4)
+        # (max: the scheduler asks for the rate one step past the end, where a clip phase of 0 steps
+        # would divide by zero.)
+        start, n, peak = (0, images, 2e-3) if step < images else (images, max(args.vae_steps, 1), 2e-4)
         s = step - start
         return peak * min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / n)))
 
@@ -131,12 +138,17 @@ def train_vae(args, work):
         if step == images:
             vae.save_pretrained(os.path.join(work, "vae-frames"))  # the per-frame model, for inspection
         x, w, _ = clips(rng, 2 * args.vae_batch if single else args.vae_batch, 1 if single else 9)
-        # A deterministic autoencoder (the posterior's mean, a little noise for a decoder that
-        # tolerates imperfect latents): sampling with the initial unit variance drowns the
-        # latents, and the decoder then learns the mean frame. The penalty keeps the latents'
-        # scale bounded (they are normalised per channel afterwards).
+        # A deterministic autoencoder (the posterior's mean) decoded through noise of a fixed
+        # share of each channel's spread: sampling with the initial unit variance drowns the
+        # latents, and the decoder then learns the mean frame. The noise is what keeps the colours
+        # apart in the latent space the transformer samples in (per-channel normalised, as here):
+        # at 0.05 of the global spread the encoder put red, blue and yellow on one line at
+        # different lengths and green next to the background (colour_geometry), so the
+        # transformer had to hit a latent's length to get a colour right, and green vanished.
+        # The penalty keeps the latents' scale bounded.
         mu = vae.encode(x).latent_dist.mode()
-        y = vae.decode(mu + 0.05 * mu.detach().std() * torch.randn_like(mu)).sample
+        spread = mu.detach().std(dim=(0, 2, 3, 4), keepdim=True)
+        y = vae.decode(mu + args.vae_latent_noise * spread * torch.randn_like(mu)).sample
         rec = (w * (y - x) ** 2).mean()
         kl = (mu ** 2).mean()
         loss = rec + 1e-4 * kl
@@ -152,7 +164,7 @@ def train_vae(args, work):
                 f"{np.mean(losses[-20:]):.5f}")
     vae.save_pretrained(path)
     info = {"frame_steps": images, "frame_batch": 2 * args.vae_batch, "clip_steps": args.vae_steps,
-            "clip_batch": args.vae_batch, "clip_frames": 9, "seconds": round(time.time() - t0, 1),
+            "clip_batch": args.vae_batch, "clip_frames": 9, "latent_noise": args.vae_latent_noise, "seconds": round(time.time() - t0, 1),
             "final_weighted_mse": round(float(np.mean(losses[-50:])), 5)}
     json.dump(info, open(os.path.join(work, "vae_losses.json"), "w"))
     return vae, info
@@ -173,6 +185,28 @@ def check_vae(vae, seed, n=60):
         for k in tally:
             tally[k] += r[k]
     return {k.replace("_ok", ""): round(v / n, 3) for k, v in tally.items()}
+
+
+@torch.no_grad()
+def colour_geometry(data):
+    """How far apart the VAE's latent space puts the five colours, in the per-channel normalised
+    units the transformer samples in: each colour's mean latent at its object (the latent pixel
+    farthest from the background in each latent frame after the first) less the background's, its
+    distance from the background and the closest pair of colours. A colour near the background or
+    near another is one a small error in the sampled latent loses."""
+    z = (data["z"] - data["mean"].view(1, -1, 1, 1, 1)) / data["std"].view(1, -1, 1, 1, 1)
+    bg = z.median(dim=0).values.flatten(2).median(dim=-1).values  # [C, T]
+    diff = (z - bg[None, :, :, None, None]).flatten(3)  # [N, C, T, H*W]
+    at = diff.norm(dim=1).argmax(dim=-1)  # [N, T]: the object's latent pixel per frame
+    picked = diff.gather(3, at[:, None, :, None].expand(-1, diff.shape[1], -1, 1))[..., 0]  # [N, C, T]
+    proto = {}
+    for c in world.COLOURS:
+        rows = [i for i, p in enumerate(data["parts"]) if p[0] == c]
+        proto[c] = picked[rows][:, :, 1:].mean(dim=(0, 2))
+    pairs = [(float((proto[a] - proto[b]).norm()), a, b) for i, a in enumerate(proto) for b in list(proto)[i + 1:]]
+    d, a, b = min(pairs)
+    return {"from_background": {c: round(float(v.norm()), 2) for c, v in proto.items()},
+            "closest_pair": [a, b, round(d, 2)]}
 
 
 @torch.no_grad()
@@ -299,6 +333,12 @@ def train_transformer(args, work, base, data, vae):
     watch = [(index[p], p) for p in world.all_prompts()[::3]]  # 20 prompts, every colour, shape, direction
     z = (data["z"] - data["mean"].view(1, -1, 1, 1, 1)) / data["std"].view(1, -1, 1, 1, 1)
     parts = data["parts"]
+    # --balance-colours: each clip's loss divided by its latents' energy about the background (as a
+    # share of the median clip's, within 1/4..4). Unweighted, a green object, the faintest in this
+    # VAE's latent space, costs a fifth of a red one when it is left out, and the model leaves it out.
+    bg = z.median(dim=0).values.flatten(2).median(dim=-1).values[None, :, :, None, None]
+    energy = ((z - bg) ** 2).sum(dim=(1, 2, 3, 4))
+    clip_weight = (energy.median() / energy).clamp(0.25, 4.0) if args.balance_colours else torch.ones(len(z))
     model = WanTransformer3DModel(patch_size=(args.patch_t, args.patch, args.patch), num_attention_heads=args.dim // args.head_dim,
                                   attention_head_dim=args.head_dim,
                                   in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=args.ffn,
@@ -358,7 +398,8 @@ def train_transformer(args, work, base, data, vae):
             t = sigma * 1000.0
         xt = (1 - s5) * x0 + s5 * noise
         pred = model(xt, t, ctx, return_dict=False)[0]
-        loss = ((pred - (noise - x0)) ** 2).mean()
+        w = clip_weight[torch.from_numpy(pick)]
+        loss = (w * ((pred - (noise - x0)) ** 2).mean(dim=(1, 2, 3, 4))).sum() / w.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -385,7 +426,8 @@ def train_transformer(args, work, base, data, vae):
     info = {"steps": args.dit_steps + before.get("steps", 0), "batch": args.dit_batch,
             "seconds": round(time.time() - t0 + before.get("seconds", 0), 1), "rounds": before.get("rounds", 1) + bool(done),
             "final_mse": round(float(np.mean(losses[-200:])), 5), "prompt_dropout": DROP_PROMPT,
-            "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "watched": watched}
+            "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "watched": watched,
+            "colour_balance": before.get("colour_balance", []) + [args.balance_colours]}
     json.dump(info, open(os.path.join(work, "dit_losses.json"), "w"))
     return model, info
 
@@ -448,8 +490,10 @@ def main():
     # each latent frame's picture for four frames, and colour, shape and direction survive.
     ap.add_argument("--vae-steps", type=int, default=0, help="VAE steps on 9-frame clips, after those")
     ap.add_argument("--vae-batch", type=int, default=4)
+    ap.add_argument("--vae-latent-noise", type=float, default=0.3,
+                    help="noise added to the latents before decoding, as a share of each channel's spread")
     ap.add_argument("--clips", type=int, default=2400)
-    ap.add_argument("--dit-steps", type=int, default=5000)
+    ap.add_argument("--dit-steps", type=int, default=12000)
     ap.add_argument("--dit-more", action="store_true", help="train the saved transformer for --dit-steps more")
     ap.add_argument("--dit-batch", type=int, default=32)
     ap.add_argument("--dit-lr", type=float, default=5e-4)
@@ -468,6 +512,8 @@ def main():
     ap.add_argument("--travel", help="LO,HI: the world's travel range (demo_world.TRAVEL) for the clips drawn here")
     ap.add_argument("--patch", type=int, default=2, choices=(1, 2),
                     help="the transformer's spatial patch: 2 (Wan's) makes 4x4 tokens of a 64x64 frame, 1 makes 8x8")
+    ap.add_argument("--balance-colours", action="store_true",
+                    help="weigh each clip's transformer loss by the inverse of its latents' energy (see train_transformer)")
     ap.add_argument("--ema", type=float, default=0.999)
     ap.add_argument("--flow-shift", type=float, default=3.0)
     ap.add_argument("--latent-scale", type=float, default=1.0,
@@ -499,6 +545,10 @@ def main():
     # latents_std); 3.0 was tried on 2026-12-02 and sampled no better after 3000 steps.
     data = dict(data, std=data["std"] * args.latent_scale)
     log(f"latents {tuple(data['z'].shape)}: channel std {data['std'].min():.3f}..{data['std'].max():.3f}")
+    if "colour_geometry" not in vae_info:
+        vae_info["colour_geometry"] = colour_geometry(data)
+        json.dump(vae_info, open(os.path.join(args.work, "vae_losses.json"), "w"))
+    log(f"colours in the normalised latent space: {vae_info['colour_geometry']}")
     model, dit_info = train_transformer(args, args.work, base, data, vae)
     info = {"vae": vae_info, "encode_seconds": data["seconds"], "transformer": dit_info, "seed": args.seed,
             "threads": args.threads, "torch": torch.__version__}

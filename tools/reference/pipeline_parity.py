@@ -99,7 +99,7 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args):
         # A two-expert case means something only if both experts run.
         assert 0 < experts.count("transformer") < len(experts), f"the steps do not span both experts: {experts}"
     t0 = time.perf_counter()
-    video = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=args.height, width=args.width,
+    video = pipe(prompt=args.prompt, negative_prompt=NEGATIVE, height=args.height, width=args.width,
                  num_frames=args.frames, num_inference_steps=args.steps, guidance_scale=guidance,
                  generator=torch.Generator("cpu").manual_seed(args.seed), output_type="np", **extra).frames[0]
     seconds = time.perf_counter() - t0
@@ -108,7 +108,7 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args):
 
 def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
     out = os.path.join(tmp, "frames")
-    cmd = [os.path.join(args.bin, "dlo-generate"), "--model", model, "--prompt", PROMPT, "--negative-prompt",
+    cmd = [os.path.join(args.bin, "dlo-generate"), "--model", model, "--prompt", args.prompt, "--negative-prompt",
            NEGATIVE, "--seed", str(args.seed), "--steps", str(args.steps), "--guidance", str(guidance),
            "--height", str(args.height), "--width", str(args.width), "--frames", str(args.frames),
            "--scheduler", scheduler, "--flow-shift", str(flow_shift), "--dtype", dtype, "--threads",
@@ -136,6 +136,7 @@ def main():
                          "0.42 model_index.json, the tokenizer as tokenizer.json alone, sharded weights)")
     ap.add_argument("--cases", default="fp32-unipc-cfg,fp32-unipc-nocfg,fp32-euler-cfg,fp32-euler-nocfg")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--prompt", default=PROMPT, help="the prompt both render (a trained model's own world draws more than flat frames)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--height", type=int, default=32)
     ap.add_argument("--width", type=int, default=48)
