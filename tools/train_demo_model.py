@@ -22,7 +22,7 @@ The VAE decodes its latents through noise (--vae-latent-noise) so that every col
 from the background and from the others in the latent space the transformer samples in; the
 second transformer round weighs each clip by the inverse of its latents' energy
 (--balance-colours), so that a faint colour's errors cost as much as a bright one's.
-Fixed seed; about 50 minutes on 2 cores for the first run (VAE 12 min, latents 4, transformer
+Fixed seed; about 45 minutes on 2 cores for the first run (VAE 12 min, latents 3, transformer
 30), 20 more for the second transformer round. CPU only; Python is for making the model, never
 at run time. The shipped model is:
   .venv/bin/python tools/train_demo_model.py --out configs/demo-model --no-check
