@@ -187,6 +187,12 @@ def check_vae(vae, seed, n=60):
     return {k.replace("_ok", ""): round(v / n, 3) for k, v in tally.items()}
 
 
+def background_latent(z):
+    """The background's latent [C, T] of normalised latents z [N, C, T, H, W]: the median over
+    clips, then over latent pixels (the object covers a few of 64)."""
+    return z.median(dim=0).values.flatten(2).median(dim=-1).values
+
+
 @torch.no_grad()
 def colour_geometry(data):
     """How far apart the VAE's latent space puts the five colours, in the per-channel normalised
@@ -195,8 +201,7 @@ def colour_geometry(data):
     distance from the background and the closest pair of colours. A colour near the background or
     near another is one a small error in the sampled latent loses."""
     z = (data["z"] - data["mean"].view(1, -1, 1, 1, 1)) / data["std"].view(1, -1, 1, 1, 1)
-    bg = z.median(dim=0).values.flatten(2).median(dim=-1).values  # [C, T]
-    diff = (z - bg[None, :, :, None, None]).flatten(3)  # [N, C, T, H*W]
+    diff = (z - background_latent(z)[None, :, :, None, None]).flatten(3)  # [N, C, T, H*W]
     at = diff.norm(dim=1).argmax(dim=-1)  # [N, T]: the object's latent pixel per frame
     picked = diff.gather(3, at[:, None, :, None].expand(-1, diff.shape[1], -1, 1))[..., 0]  # [N, C, T]
     proto = {}
@@ -335,9 +340,8 @@ def train_transformer(args, work, base, data, vae):
     parts = data["parts"]
     # --balance-colours: each clip's loss divided by its latents' energy about the background (as a
     # share of the median clip's, within 1/4..4). Unweighted, a green object, the faintest in this
-    # VAE's latent space, costs a fifth of a red one when it is left out, and the model leaves it out.
-    bg = z.median(dim=0).values.flatten(2).median(dim=-1).values[None, :, :, None, None]
-    energy = ((z - bg) ** 2).sum(dim=(1, 2, 3, 4))
+    # VAE's latent space, costs a quarter of a red one when it is left out, and the model leaves it out.
+    energy = ((z - background_latent(z)[None, :, :, None, None]) ** 2).sum(dim=(1, 2, 3, 4))
     clip_weight = (energy.median() / energy).clamp(0.25, 4.0) if args.balance_colours else torch.ones(len(z))
     model = WanTransformer3DModel(patch_size=(args.patch_t, args.patch, args.patch), num_attention_heads=args.dim // args.head_dim,
                                   attention_head_dim=args.head_dim,
