@@ -21,7 +21,7 @@
 #  9. rerunning a finished batch with --save-latents exits 0; a UTF-8 BOM is not part of the first
 #     prompt of a .txt manifest;
 # 10. a second batch on an output folder in use is refused, naming the holder; the lock of a
-#     SIGKILLed run is taken over;
+#     SIGKILLed run is taken over, and its MPI session folder removed by the next run;
 # 11. with a slow VAE (test hook) a rank holds at most 4 decodes and stops taking jobs meanwhile;
 # 12. a second SIGTERM ends every rank at once (1 and 2 ranks; a coarse bound well under one
 #     decode), exit 143, lock released; the rerun renders the rest.
@@ -214,7 +214,16 @@ echo "ok: --save-latents on a finished batch exits 0; a .txt manifest's BOM is n
 LOCK=.dlo-generate.lock
 { echo "model: m"; echo "output_dir: out10"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 400}"; echo "jobs:"
   for i in 0 1 2; do echo "  - {id: j$i, prompt: \"p $i\"}"; done; } >"$T/r10.yaml"
-"${GEN[@]}" --jobs "$T/r10.yaml" >"$T/r10a.log" 2>&1 &
+# The batches without mpirun are singletons: each keeps its MPI session folder in TMPDIR, which a
+# SIGKILLed one leaves behind for the next singleton to remove (planted: folders naming a live
+# process, another host, and none, which stay; one naming a process that is gone, which goes).
+S10="$T/tmp10"
+mkdir -p "$S10/dlo-mpi-live" "$S10/dlo-mpi-other" "$S10/dlo-mpi-noowner" "$S10/dlo-mpi-gone"
+printf 'host %s\npid %s\n' "$(hostname)" $$ >"$S10/dlo-mpi-live/owner"
+printf 'host %s\npid 1\n' "not-$(hostname)" >"$S10/dlo-mpi-other/owner"
+true & GONE=$!; wait $GONE
+printf 'host %s\npid %s\n' "$(hostname)" $GONE >"$S10/dlo-mpi-gone/owner"
+TMPDIR="$S10" "${GEN[@]}" --jobs "$T/r10.yaml" >"$T/r10a.log" 2>&1 &
 A=$!
 for _ in $(seq 300); do [ -s "$T/out10/$LOCK" ] && break; sleep 0.1; done
 [ -s "$T/out10/$LOCK" ] || fail "no lock file while a batch runs: $(ls -a "$T/out10" 2>&1)"
@@ -224,12 +233,16 @@ grep -q "the output folder '$T/out10' is in use by another run (host $(hostname)
 expect 0 "$T/r10c.log" "${GEN[@]}" --jobs "$T/r10.yaml" --dry-run  # a dry run writes nothing and takes no lock
 kill -KILL "$A"; wait "$A" 2>/dev/null || true
 [ -s "$T/out10/$LOCK" ] || fail "SIGKILL removed the lock (it cannot)"
+KILLED_SESSION=$(grep -l "^pid $A\$" "$S10"/dlo-mpi-??????/owner 2>/dev/null || true)
+[ -n "$KILLED_SESSION" ] || fail "no session folder of the killed singleton (pid $A) in $S10: $(ls "$S10")"
 sed -i 's/steps: 400/steps: 1/' "$T/r10.yaml"
-expect 0 "$T/r10d.log" "$BIN/dlo-generate" --threads 1 --jobs "$T/r10.yaml" --force
+expect 0 "$T/r10d.log" env TMPDIR="$S10" "$BIN/dlo-generate" --threads 1 --jobs "$T/r10.yaml" --force
+[ "$(cd "$S10" && echo *)" = "dlo-mpi-live dlo-mpi-noowner dlo-mpi-other" ] ||
+  fail "session folders after the next singleton: $(ls "$S10") (want the live, other-host and owner-less ones only)"
 grep -q "took over the lock of the output folder from a run that is gone" "$T/r10d.log" || fail "stale lock: $(cat "$T/r10d.log")"
 for i in 0 1 2; do tail -3 "$T/out10/results.jsonl" | grep "\"id\":\"j$i\"" | grep -q '"status":"ok"' || fail "after the takeover: j$i"; done
 [ ! -e "$T/out10/$LOCK" ] || fail "after the takeover the lock is left: $(ls -a "$T/out10")"
-echo "ok: a second batch on a folder in use is refused (exit 2, naming host and pid); a killed run's lock is taken over"
+echo "ok: a second batch on a folder in use is refused (exit 2, naming host and pid); a killed run's lock and MPI session folder are taken over"
 
 # ---- 11. a rank behind on its VAE takes no new job: the decode queue stays bounded
 { echo "model: m"; echo "output_dir: out11"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 1}"; echo "jobs:"

@@ -69,28 +69,6 @@ std::string utc_now() {
   return buf;
 }
 
-// One "key value" per line; the lock file is read by people too.
-std::string holder_text(const LockHolder& h) {
-  return str("host ", h.host, "\npid ", h.pid, "\nstart_ticks ", h.start_ticks, "\nboot_id ", h.boot_id, "\nsince ",
-             h.since, "\n");
-}
-
-LockHolder parse_holder(const std::string& text) {
-  LockHolder h;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    const auto sp = line.find(' ');
-    if (sp == std::string::npos) continue;
-    const std::string key = line.substr(0, sp), value = line.substr(sp + 1);
-    if (key == "host") h.host = value;
-    else if (key == "pid") h.pid = std::atoll(value.c_str());
-    else if (key == "start_ticks") h.start_ticks = std::atoll(value.c_str());
-    else if (key == "boot_id") h.boot_id = value;
-    else if (key == "since") h.since = value;
-  }
-  return h;
-}
-
 double mtime_s(const struct stat& st) { return static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * st.st_mtim.tv_nsec; }
 
 std::string read_text(const std::string& path, bool* exists) {
@@ -138,6 +116,28 @@ bool create_exclusive(const std::string& path, const std::string& text, double* 
 }
 
 }  // namespace
+
+// One "key value" per line; the lock file is read by people too.
+std::string holder_text(const LockHolder& h) {
+  return str("host ", h.host, "\npid ", h.pid, "\nstart_ticks ", h.start_ticks, "\nboot_id ", h.boot_id, "\nsince ",
+             h.since, "\n");
+}
+
+LockHolder parse_holder(const std::string& text) {
+  LockHolder h;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto sp = line.find(' ');
+    if (sp == std::string::npos) continue;
+    const std::string key = line.substr(0, sp), value = line.substr(sp + 1);
+    if (key == "host") h.host = value;
+    else if (key == "pid") h.pid = std::atoll(value.c_str());
+    else if (key == "start_ticks") h.start_ticks = std::atoll(value.c_str());
+    else if (key == "boot_id") h.boot_id = value;
+    else if (key == "since") h.since = value;
+  }
+  return h;
+}
 
 LockHolder FolderLock::self() {
   LockHolder h;

@@ -21,6 +21,11 @@ struct LockHolder {
   long long pid = -1, start_ticks = -1;  // start_ticks: field 22 of /proc/PID/stat
 };
 
+// A holder as a lock file's text (one "key value" per line, read by people too), and back; other
+// files that name their process (a singleton's MPI session folder) use the same form.
+std::string holder_text(const LockHolder& h);
+LockHolder parse_holder(const std::string& text);
+
 class FolderLock {
  public:
   // Takes `dir`/`name`. Throws an input dlo::Error naming the holder when another live process

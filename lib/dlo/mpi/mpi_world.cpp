@@ -1,6 +1,7 @@
 #include "dlo/mpi/mpi_world.h"
 
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <thread>
 
@@ -22,6 +25,37 @@ namespace {
 
 // A singleton's own Open MPI session folder (MpiWorld's private_tmp_), for abort() to remove too.
 std::string g_private_tmp;
+
+// A singleton's session folder: "<TMPDIR>/dlo-mpi-XXXXXX", holding "owner" (its process, as a
+// lock file names one). The process removes it when it ends, but one that was killed (SIGKILL, a
+// second stop signal) cannot: the next singleton on the host removes those whose owner is gone.
+constexpr const char* kSessionPrefix = "dlo-mpi-";
+constexpr const char* kSessionOwner = "owner";
+
+// Removes the session folders in `parent` left by singletons of this user on this host that are
+// gone. A folder whose owner file is missing (being made this moment, or made before owners were
+// written) or names a live process or another host is left alone.
+void remove_stale_sessions(const std::string& parent) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator it(parent, fs::directory_options::skip_permission_denied, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::path dir = it->path();
+    struct stat st {};
+    if (dir.filename().string().rfind(kSessionPrefix, 0) != 0 || ::lstat(dir.c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    std::ifstream in(dir / kSessionOwner);
+    if (!in) continue;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const LockHolder owner = parse_holder(text);
+    if (owner.host.empty() || owner.pid <= 0) continue;  // cut short while written: leave it
+    if (FolderLock::holder_gone(owner, 0.0)) {  // age 0: another host's folder is never taken for gone
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  }
+}
 
 // Polls one non-blocking collective until it completes (true) or `timeout_s` has passed (false):
 // spins briefly (a pass boundary's exchange takes microseconds), then sleeps between tests, which
@@ -74,8 +108,11 @@ MpiWorld::MpiWorld(int* argc, char*** argv) {
       // (seen in CI: "mkdir /tmp/ompi.vm.0/jf.0: No such file or directory", MPI_Init fails).
       if (std::getenv("OMPI_MCA_orte_tmpdir_base") == nullptr) {
         const char* tmp = std::getenv("TMPDIR");
-        std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/dlo-mpi-XXXXXX";
+        const std::string parent = tmp && *tmp ? tmp : "/tmp";
+        remove_stale_sessions(parent);
+        std::string templ = parent + "/" + kSessionPrefix + "XXXXXX";
         if (::mkdtemp(templ.data()) != nullptr) {
+          std::ofstream(templ + "/" + kSessionOwner) << holder_text(FolderLock::self());
           ::setenv("OMPI_MCA_orte_tmpdir_base", templ.c_str(), 0);
           private_tmp_ = templ;
           g_private_tmp = templ;
