@@ -6,7 +6,7 @@ Settings: the model's defaults (20 steps, guidance 4, transformer and text encod
 the steps, guidance off, and the transformer in fp32. One batch per setting on --ranks ranks
 (lossless FFV1, so the codec plays no part), in one run so the settings share the machine's state.
 Prints a Markdown table (accuracy per property, all three right, wall time) and writes JSON
-(with each setting's colour misses: the colour asked, and the one drawn or none).
+(with each setting's colour and shape misses: what was asked, and what was drawn or none).
   .venv/bin/python tools/bench_demo_quality.py [--seeds 2] [--ranks 2] [--json out/bench-demo.json]
 """
 import argparse
@@ -65,15 +65,18 @@ def main():
                     r = json.loads(line)
                     verdicts.append(check.check_video(r["output"], r["parameters"]["prompt"]))
             t = check.tally(verdicts)
-            # Which colours are missed and as what ("none": no object in the first or last frame).
-            misses = {}
+            # Which colours and shapes are missed and as what ("none": no object in the first or
+            # last frame).
+            misses = {"colour": {}, "shape": {}}
             for v in verdicts:
-                if not v["colour_ok"]:
-                    key = f"{v['want']['colour']} as {v['colour'] or 'none'}"
-                    misses[key] = misses.get(key, 0) + 1
+                for p in misses:
+                    if not v[p + "_ok"]:
+                        key = f"{v['want'][p]} as {v[p] or 'none'}"
+                        misses[p][key] = misses[p].get(key, 0) + 1
             rows.append({"setting": name, "videos": t["videos"], "wall_s": round(wall, 1),
                          **{p: t[p]["accuracy"] for p in check.PROPERTIES},
-                         "all_three": round(t["all_three"] / t["videos"], 3), "colour_misses": misses})
+                         "all_three": round(t["all_three"] / t["videos"], 3),
+                         "colour_misses": misses["colour"], "shape_misses": misses["shape"]})
             print(f"{name}: {rows[-1]}", flush=True)
     print(f"\n{len(world.all_prompts())} prompts x {args.seeds} seeds, {args.ranks} ranks, FFV1:\n")
     print("| setting | colour | direction | shape | all three | wall time |\n|---|---|---|---|---|---|")
