@@ -54,20 +54,22 @@ std::unique_ptr<Transport> make_transport(const TransportOptions& o) {
 #endif
 }
 
-// Where a streamed block's part (this rank's shard, or the whole block for layerwise) is kept,
-// and where it lands in a slot.
-struct Part {
-  bool on_device = false;          // in the device arena (device shards), else in host memory
-  bool direct = false;             // device-held at one rank: the arena's views are the block, no slot
-  std::uint64_t offset = 0;        // in its arena
-  std::uint64_t bytes = 0;         // copied into the slot
-  std::uint64_t slot_offset = 0;   // rank * shard for sharded blocks
-  std::uint64_t gather_shard = 0;  // sharded: the AllGather's shard bytes; 0: no gather
-};
-
 }  // namespace
 
 struct BlockEngine::Impl {
+  // Where a streamed block's part (this rank's shard, or the whole block for layerwise) is kept,
+  // and where it lands in a slot. (A member type, not in the anonymous namespace: Impl has
+  // external linkage, and a member of an internal type in it is what -Wsubobject-linkage flags
+  // once the layer's unity build includes this file.)
+  struct Part {
+    bool on_device = false;          // in the device arena (device shards), else in host memory
+    bool direct = false;             // device-held at one rank: the arena's views are the block, no slot
+    std::uint64_t offset = 0;        // in its arena
+    std::uint64_t bytes = 0;         // copied into the slot
+    std::uint64_t slot_offset = 0;   // rank * shard for sharded blocks
+    std::uint64_t gather_shard = 0;  // sharded: the AllGather's shard bytes; 0: no gather
+  };
+
   const StackPlan& plan;
   EngineOptions opt;
   int rank = 0, ranks = 1;
