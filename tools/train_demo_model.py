@@ -13,20 +13,21 @@ UMT5EncoderModel, a SentencePiece T5 tokenizer, the UniPC scheduler config):
      frames, steps and guidance the model was made for) and training.json (losses, times);
   6. a check: WanPipeline renders the 60 prompts from the saved folder, tools/check_demo_video.py's
      judge reads colour, shape and direction back, and the script prints the accuracy.
-The transformer's tokens each hold a 2x2 patch of latent pixels across all five latent frames
-(patch_size [5, 2, 2], width 320): with Wan's one frame per token ([1, 2, 2]) a model this small
-drew each latent frame from that frame's own noise, so objects jumped between frames and the
-direction was at chance (docs/benchmarks.md, "The demo model"); a token that holds its whole
-trajectory draws it in one piece, and attention only has to agree between neighbouring tokens.
-The VAE decodes its latents through noise (--vae-latent-noise) so that every colour lies well away
-from the background and from the others in the latent space the transformer samples in; the
-second transformer round weighs each clip by the inverse of its latents' energy
-(--balance-colours), so that a faint colour's errors cost as much as a bright one's.
-Fixed seed; about 45 minutes on 2 cores for the first run (VAE 12 min, latents 3, transformer
-30), 20 more for the second transformer round. CPU only; Python is for making the model, never
-at run time. The shipped model is:
+The VAE is Wan2.1's with one level fewer (--vae-factor 4: 4x in space, 4x in time, 4 latent
+channels; Wan2.1's is 8x with 16 channels, the same numbers per frame): at 8x an 11-pixel object
+fills one or two latent pixels and its shape hid in how their channels varied with where it sat
+in them (a linear probe read it in 54% of frames, the VAE's own reconstructions got it right in
+68%); at 4x it spans two or three, drawn in space (80% and 93%). The transformer's tokens each
+hold a 4x4 patch of latent pixels across all five latent frames (patch_size [5, 4, 4]: 320
+numbers, its width): with Wan's one frame per token ([1, 2, 2]) a model this small drew each latent
+frame from that frame's own noise, so objects jumped between frames and the direction was at
+chance (docs/benchmarks.md, "The demo model"); a token that holds its whole trajectory draws it in
+one piece, and attention only has to agree between neighbouring tokens. The VAE decodes its
+latents through noise (--vae-latent-noise) so that every colour lies well away from the background
+and from the others in the latent space the transformer samples in.
+Fixed seed; about 50 minutes on 2 cores (VAE 13 min, latents 3, transformer 30). CPU only; Python
+is for making the model, never at run time. The shipped model is:
   .venv/bin/python tools/train_demo_model.py --out configs/demo-model --no-check
-  .venv/bin/python tools/train_demo_model.py --out configs/demo-model --dit-more --dit-steps 8000 --balance-colours
 """
 import argparse
 import copy
@@ -111,8 +112,13 @@ def train_vae(args, work):
         return AutoencoderKLWan.from_pretrained(path), json.load(open(os.path.join(work, "vae_losses.json")))
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    vae = AutoencoderKLWan(base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
-                           temperal_downsample=[False, True, True], dropout=0.0)
+    # Wan2.1's VAE downsamples 8x in space (three levels, time 4x in the last two); --vae-factor 4
+    # takes one level off (time 4x in both): an 11-pixel object then spans 2-3 latent pixels, not
+    # 1-2, and its shape is drawn in space rather than coded in how one pixel's channels vary.
+    levels = {8: ([1, 2, 4, 4], [False, True, True]), 4: ([1, 2, 4], [True, True])}[args.vae_factor]
+    vae = AutoencoderKLWan(base_dim=16, z_dim=args.z_dim, dim_mult=levels[0], num_res_blocks=1, attn_scales=[],
+                           temperal_downsample=levels[1], dropout=0.0, scale_factor_spatial=args.vae_factor,
+                           scale_factor_temporal=4)
     per_frame_init(vae)
     opt = torch.optim.AdamW(vae.parameters(), lr=1.0, weight_decay=0.0)
     # Two phases. First single frames, 8 at a time (a ninth of the cost of a clip: the
@@ -212,6 +218,38 @@ def colour_geometry(data):
     d, a, b = min(pairs)
     return {"from_background": {c: round(float(v.norm()), 2) for c, v in proto.items()},
             "closest_pair": [a, b, round(d, 2)]}
+
+
+def shape_probe(data, seed=0):
+    """How plainly the latents say the object's shape: a linear classifier of the shape from the
+    normalised latents less the background in the 3x3 latent pixels around the object (its
+    farthest latent pixel, each latent frame after the first), trained on 80% of the clips and
+    scored on the rest; the same for colour. Chance is a third for shape, a fifth for colour."""
+    z = (data["z"] - data["mean"].view(1, -1, 1, 1, 1)) / data["std"].view(1, -1, 1, 1, 1)
+    diff = z - background_latent(z)[None, :, :, None, None]
+    n, c, t, h, w = diff.shape
+    at = diff.norm(dim=1)[:, 1:].flatten(2).argmax(dim=-1)  # [N, T-1]
+    padded = torch.nn.functional.pad(diff[:, :, 1:], (1, 1, 1, 1))
+    feats = torch.stack([padded[i, :, k, y:y + 3, x:x + 3].flatten()
+                         for i in range(n) for k in range(t - 1)
+                         for y, x in [divmod(int(at[i, k]), w)]])
+    labels = {"shape": [world.SHAPES.index(p[1]) for p in data["parts"]],
+              "colour": [list(world.COLOURS).index(p[0]) for p in data["parts"]]}
+    train = torch.arange(len(feats)) < (n * 4 // 5) * (t - 1)  # whole clips on each side
+    x = (feats - feats[train].mean(0)) / (feats[train].std(0) + 1e-6)
+    out = {}
+    for what, lab in labels.items():
+        y = torch.tensor(lab).repeat_interleave(t - 1)
+        torch.manual_seed(seed)
+        lin = torch.nn.Linear(x.shape[1], int(y.max()) + 1)
+        opt = torch.optim.Adam(lin.parameters(), 1e-2, weight_decay=1e-4)
+        for _ in range(500):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(lin(x[train]), y[train]).backward()
+            opt.step()
+        with torch.no_grad():
+            out[what] = round(float((lin(x[~train]).argmax(1) == y[~train]).float().mean()), 3)
+    return out
 
 
 @torch.no_grad()
@@ -343,9 +381,19 @@ def train_transformer(args, work, base, data, vae):
     # VAE's latent space, costs a quarter of a red one when it is left out, and the model leaves it out.
     energy = ((z - background_latent(z)[None, :, :, None, None]) ** 2).sum(dim=(1, 2, 3, 4))
     clip_weight = (energy.median() / energy).clamp(0.25, 4.0) if args.balance_colours else torch.ones(len(z))
+    # --object-weight K: the latent pixels at the object (and one around them) weigh 1 + K in each
+    # clip's loss, which is then divided by the clip's total weight. The object is ~5% of the
+    # latent pixels, and its shape a small part of its error: unweighted, the model gets colour and
+    # place right long before it draws a corner.
+    pixel_weight = None
+    if args.object_weight > 0:
+        near = (z - background_latent(z)[None, :, :, None, None]).norm(dim=1) > 2.0  # [N, T, H, W]
+        near = torch.nn.functional.max_pool2d(near.float().flatten(0, 1)[:, None], 3, 1, 1).view(near.shape)
+        pixel_weight = 1.0 + args.object_weight * near[:, None]  # [N, 1, T, H, W]
     model = WanTransformer3DModel(patch_size=(args.patch_t, args.patch, args.patch), num_attention_heads=args.dim // args.head_dim,
                                   attention_head_dim=args.head_dim,
-                                  in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=args.ffn,
+                                  in_channels=data["z"].shape[1], out_channels=data["z"].shape[1], text_dim=32,
+                                  freq_dim=256, ffn_dim=args.ffn,
                                   num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
                                   rope_max_seq_len=1024)
     before = {}
@@ -403,7 +451,13 @@ def train_transformer(args, work, base, data, vae):
         xt = (1 - s5) * x0 + s5 * noise
         pred = model(xt, t, ctx, return_dict=False)[0]
         w = clip_weight[torch.from_numpy(pick)]
-        loss = (w * ((pred - (noise - x0)) ** 2).mean(dim=(1, 2, 3, 4))).sum() / w.sum()
+        err = (pred - (noise - x0)) ** 2
+        if pixel_weight is None:
+            per_clip = err.mean(dim=(1, 2, 3, 4))
+        else:
+            pw = pixel_weight[torch.from_numpy(pick)]
+            per_clip = (pw * err).sum(dim=(1, 2, 3, 4)) / (pw.sum(dim=(1, 2, 3, 4)) * err.shape[1])
+        loss = (w * per_clip).sum() / w.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -431,7 +485,8 @@ def train_transformer(args, work, base, data, vae):
             "seconds": round(time.time() - t0 + before.get("seconds", 0), 1), "rounds": before.get("rounds", 1) + bool(done),
             "final_mse": round(float(np.mean(losses[-200:])), 5), "prompt_dropout": DROP_PROMPT,
             "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "watched": watched,
-            "colour_balance": before.get("colour_balance", []) + [args.balance_colours]}
+            "colour_balance": before.get("colour_balance", []) + [args.balance_colours],
+            "object_weight": before.get("object_weight", [0.0] * before.get("rounds", 0)) + [args.object_weight]}
     json.dump(info, open(os.path.join(work, "dit_losses.json"), "w"))
     return model, info
 
@@ -493,6 +548,8 @@ def main():
     # accuracy on reconstructions (the past-frame taps learn slowly); the per-frame model holds
     # each latent frame's picture for four frames, and colour, shape and direction survive.
     ap.add_argument("--vae-steps", type=int, default=0, help="VAE steps on 9-frame clips, after those")
+    ap.add_argument("--vae-factor", type=int, default=4, choices=(4, 8), help="the VAE's spatial downsampling (Wan2.1's: 8)")
+    ap.add_argument("--z-dim", type=int, default=4, help="latent channels, the transformer's in and out channels (Wan2.1's: 16)")
     ap.add_argument("--vae-batch", type=int, default=4)
     ap.add_argument("--vae-latent-noise", type=float, default=0.3,
                     help="noise added to the latents before decoding, as a share of each channel's spread")
@@ -506,7 +563,7 @@ def main():
     ap.add_argument("--frame-sigma-mode", choices=("mixed", "context"), default="mixed",
                     help="frames' own sigmas: drawn as the shared one is, or each nearly clean (< 0.3) or nearly noise (> 0.7)")
     ap.add_argument("--head-dim", type=int, default=80, help="attention head dimension (divides --dim)")
-    ap.add_argument("--dim", type=int, default=320, help="the transformer's width (a token's 5 x 2 x 2 x 16 numbers)")
+    ap.add_argument("--dim", type=int, default=320, help="the transformer's width (a token's 5 x 4 x 4 x 4 numbers)")
     ap.add_argument("--ffn", type=int, default=640, help="the transformer's feed-forward width")
     ap.add_argument("--patch-t", type=int, default=5,
                     help="latent frames per token: 5 puts all 5 latent frames of a 17-frame clip in one token, "
@@ -514,10 +571,12 @@ def main():
     ap.add_argument("--high-sigma", type=float, default=0.0,
                     help="share of training samples with sigma in 0.85..1, where sampling places the object")
     ap.add_argument("--travel", help="LO,HI: the world's travel range (demo_world.TRAVEL) for the clips drawn here")
-    ap.add_argument("--patch", type=int, default=2, choices=(1, 2),
-                    help="the transformer's spatial patch: 2 (Wan's) makes 4x4 tokens of a 64x64 frame, 1 makes 8x8")
+    ap.add_argument("--patch", type=int, default=4, choices=(1, 2, 4),
+                    help="the transformer's spatial patch in latent pixels (Wan's is 2)")
     ap.add_argument("--balance-colours", action="store_true",
                     help="weigh each clip's transformer loss by the inverse of its latents' energy (see train_transformer)")
+    ap.add_argument("--object-weight", type=float, default=0.0,
+                    help="extra weight of the latent pixels at the object in the transformer's loss (see train_transformer)")
     ap.add_argument("--ema", type=float, default=0.999)
     ap.add_argument("--flow-shift", type=float, default=3.0)
     ap.add_argument("--latent-scale", type=float, default=1.0,
@@ -543,7 +602,7 @@ def main():
         json.dump(vae_info, open(os.path.join(args.work, "vae_losses.json"), "w"))
     log(f"the judge on VAE reconstructions of 60 clips: {vae_info['reconstruction_check']}")
     data = encode_latents(args, args.work, vae)
-    # Per-channel statistics are mostly the background's (the object is ~6% of latent pixels, at
+    # Per-channel statistics are mostly the background's (with the 8x VAE the object was ~6% of latent pixels, at
     # ~3.7 of those std), so normalised latents hold the object far out of unit noise until sigma
     # ~0.95. --latent-scale > 1 divides them further (WanPipeline and dlo read it back from
     # latents_std); 3.0 was tried on 2026-12-02 and sampled no better after 3000 steps.
@@ -553,6 +612,10 @@ def main():
         vae_info["colour_geometry"] = colour_geometry(data)
         json.dump(vae_info, open(os.path.join(args.work, "vae_losses.json"), "w"))
     log(f"colours in the normalised latent space: {vae_info['colour_geometry']}")
+    if "linear_probe" not in vae_info:
+        vae_info["linear_probe"] = shape_probe(data)
+        json.dump(vae_info, open(os.path.join(args.work, "vae_losses.json"), "w"))
+    log(f"shape and colour read linearly from the object's latents (held-out clips): {vae_info['linear_probe']}")
     model, dit_info = train_transformer(args, args.work, base, data, vae)
     info = {"vae": vae_info, "encode_seconds": data["seconds"], "transformer": dit_info, "seed": args.seed,
             "threads": args.threads, "torch": torch.__version__}
