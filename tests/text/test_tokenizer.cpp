@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -57,7 +58,7 @@ struct Piece {
 };
 
 // Unigram model, identity normalisation (no charsmap).
-std::string make_model(const std::vector<Piece>& pieces) {
+std::string make_model(const std::vector<Piece>& pieces, bool byte_fallback = false) {
   Proto m;
   for (const auto& p : pieces) {
     Proto sp;
@@ -71,6 +72,7 @@ std::string make_model(const std::vector<Piece>& pieces) {
   trainer.field(40, std::uint64_t{2});  // unk_id
   trainer.field(42, std::uint64_t{1});  // eos_id
   trainer.field(43, std::uint64_t{0});  // pad_id
+  if (byte_fallback) trainer.field(35, std::uint64_t{1});
   m.field(2, trainer.bytes);
   Proto norm;
   norm.field(1, std::string("identity"));
@@ -282,9 +284,9 @@ TEST_CASE("tokenizer folder errors name the folder and say what is supported") {
   CHECK(contains(load_error(dir.file("garbage")), "spiece.model: not a SentencePiece model: truncated protobuf"));
 
   // What SentencePiece itself refuses (the library is not linked; text/tokenizer.cpp, check_spm).
-  const auto refused = [&](const std::string& name, std::vector<Piece> pieces) {
+  const auto refused = [&](const std::string& name, std::vector<Piece> pieces, bool byte_fallback = false) {
     std::filesystem::create_directories(dir.file(name));
-    write(dir.file(name + "/spiece.model"), make_model(pieces));
+    write(dir.file(name + "/spiece.model"), make_model(pieces, byte_fallback));
     return load_error(dir.file(name));
   };
   auto twice = hand_pieces();
@@ -303,6 +305,27 @@ TEST_CASE("tokenizer folder errors name the folder and say what is supported") {
   bad_type[6].type = 9;
   CHECK(contains(refused("bad_type", bad_type), "has type 9, not one of SentencePiece's 1-6"));
   CHECK(contains(refused("no_pieces", {}), "spiece.model: no pieces"));
+  // Byte pieces: only with byte_fallback, named <0x00>..<0xFF>, all 256 of them (Python
+  // sentencepiece: "byte piece <0x41> is found although `byte_fallback` is false", "byte piece zz
+  // is invalid", "there are not 256 byte pieces although `byte_fallback` is true").
+  auto with_bytes = hand_pieces();
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    with_bytes.push_back({name, 0, 6});
+  }
+  CHECK(contains(refused("bytes_no_fallback", with_bytes),
+                 "spiece.model: piece 12 ('<0x00>') is a byte piece (type 6), but the model's byte_fallback is off"));
+  auto short_bytes = with_bytes;
+  short_bytes.pop_back();
+  CHECK(contains(refused("bytes_255", short_bytes, true),
+                 "spiece.model: 255 byte pieces (type 6); a model with byte_fallback has one for each of the 256 bytes"));
+  auto bad_name = with_bytes;
+  bad_name.back().text = "<0xfF>";
+  CHECK(contains(refused("bytes_named", bad_name, true), "spiece.model: byte piece 267 is named '<0xfF>', not <0x00> .. <0xFF>"));
+  std::filesystem::create_directories(dir.file("bytes_ok"));
+  write(dir.file("bytes_ok/spiece.model"), make_model(with_bytes, true));
+  CHECK(T5Tokenizer::load(dir.file("bytes_ok")).token_to_id("<0xFF>") == 267);
 
   std::filesystem::create_directories(dir.file("not_t5"));
   auto pieces = hand_pieces();

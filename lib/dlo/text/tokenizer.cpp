@@ -279,6 +279,7 @@ struct SpmModel {
   std::vector<float> scores;
   std::vector<int> types;
   int model_type = 1;                // TrainerSpec.model_type: UNIGRAM
+  bool byte_fallback = false;        // TrainerSpec.byte_fallback
   std::string precompiled_charsmap;  // NormalizerSpec.precompiled_charsmap
 };
 
@@ -312,6 +313,7 @@ SpmModel parse_spm(std::string_view bytes, const std::string& where) {
         std::string_view tb;
         const auto [tn, tw] = tr.field(tv, tb);
         if (tn == 3 && tw == 0) m.model_type = static_cast<int>(tv);
+        if (tn == 35 && tw == 0) m.byte_fallback = tv != 0;
       }
     } else if (num == 3 && wire == 2) {  // NormalizerSpec
       ProtoReader nr{b, 0, where};
@@ -327,8 +329,10 @@ SpmModel parse_spm(std::string_view bytes, const std::string& where) {
 }
 
 // What SentencePiece itself refuses when it loads a unigram model (model_interface.cc,
-// unigram_model.cc: no pieces, an empty or repeated piece, not exactly one unknown piece; also a
-// type outside its enum, which protobuf would read as normal), checked here so that the library is not linked: libsentencepiece.so.0
+// unigram_model.cc: no pieces, an empty or repeated piece, not exactly one unknown piece, a byte
+// piece in a model without byte fallback, one not named <0x00>..<0xFF>, other than 256 of them
+// with it; also a type outside its enum, which protobuf would read as normal; each checked
+// against Python sentencepiece), checked here so that the library is not linked: libsentencepiece.so.0
 // exports a 32-byte FLAGS_minloglevel that the dynamic linker binds to libc10's 4-byte one of the
 // same name, and its constructor then overwrote libc10's neighbouring globals (among them
 // FLAGS_caffe2_use_fatal_for_enforce: a failed allocation in libtorch aborted the process instead
@@ -336,7 +340,7 @@ SpmModel parse_spm(std::string_view bytes, const std::string& where) {
 void check_spm(const SpmModel& m, const std::string& where) {
   DLO_CHECK(!m.pieces.empty(), where, ": no pieces (not a SentencePiece model?)");
   std::unordered_map<std::string_view, std::size_t> seen;
-  std::int64_t unknown = 0;
+  std::int64_t unknown = 0, bytes = 0;
   for (std::size_t i = 0; i < m.pieces.size(); ++i) {
     DLO_CHECK(!m.pieces[i].empty(), where, ": piece ", i, " is empty");
     DLO_CHECK(m.types[i] >= kPieceNormal && m.types[i] <= kPieceByte, where, ": piece ", i, " ('", m.pieces[i],
@@ -344,8 +348,19 @@ void check_spm(const SpmModel& m, const std::string& where) {
     const auto [it, fresh] = seen.emplace(m.pieces[i], i);
     DLO_CHECK(fresh, where, ": piece '", m.pieces[i], "' appears twice (ids ", it->second, " and ", i, ")");
     unknown += m.types[i] == kPieceUnknown;
+    if (m.types[i] == kPieceByte) {
+      DLO_CHECK(m.byte_fallback, where, ": piece ", i, " ('", m.pieces[i],
+                "') is a byte piece (type 6), but the model's byte_fallback is off");
+      const std::string& b = m.pieces[i];
+      const auto upper_hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); };
+      DLO_CHECK(b.size() == 6 && b.compare(0, 3, "<0x") == 0 && upper_hex(b[3]) && upper_hex(b[4]) && b[5] == '>',
+                where, ": byte piece ", i, " is named '", b, "', not <0x00> .. <0xFF>");
+      ++bytes;
+    }
   }
   DLO_CHECK(unknown == 1, where, ": ", unknown, " unknown pieces (type 2); a SentencePiece model has exactly one");
+  DLO_CHECK(!m.byte_fallback || bytes == 256, where, ": ", bytes,
+            " byte pieces (type 6); a model with byte_fallback has one for each of the 256 bytes");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -430,10 +445,15 @@ std::vector<std::size_t> grapheme_starts(const std::u32string& s) {
   return starts;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // SentencePiece's precompiled charsmap, applied as transformers' Precompiled normaliser does
 // (spm_precompiled): per grapheme cluster under 6 bytes, the replacement of the SHORTEST rule
-// matching a prefix of the cluster replaces the whole cluster; otherwise per character.
+// matching a prefix of the cluster replaces the whole cluster; otherwise per character. Not in
+// the anonymous namespace: T5Tokenizer::Impl, which has external linkage, holds one (a member of
+// an internal type is what -Wsubobject-linkage flags once the unity build includes this file).
+namespace tokenizer_detail {
 
 class Charsmap {
  public:
@@ -509,6 +529,11 @@ class Charsmap {
   std::vector<std::uint32_t> units_;
   std::string normalized_;
 };
+
+}  // namespace tokenizer_detail
+using tokenizer_detail::Charsmap;
+
+namespace {
 
 // Files are read with dlo::read_file (by stat first: a FIFO named spiece.model is refused).
 
