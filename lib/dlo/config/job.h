@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -142,6 +143,10 @@ struct FieldError {
   // guidance_2 beside a job's own guidance 1: the job turned guidance off, nothing to refuse).
   bool with_job = false;
   std::string beside;
+
+  // (A constructor, so that the common {field, message} needs no placeholder for the rest.)
+  FieldError(std::string field_, std::string message_, bool with_job_ = false, std::string beside_ = {})
+      : field(std::move(field_)), message(std::move(message_)), with_job(with_job_), beside(std::move(beside_)) {}
 };
 
 // The file in a model folder that says which settings the model was made for (a model trained
