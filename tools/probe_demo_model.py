@@ -23,6 +23,9 @@
      while all are equally noisy, where sampling decides where the object is. For reference, the
      same from the exact posterior over the latents file's other clips, from all frames and from
      the last frame alone: what knowing the data gives.
+  8. words (--words): the flow-matching loss on the latents file's last 96 clips with their own
+     prompt against the prompt with one word swapped (the colour, the shape or the direction to
+     the next in demo_world's order) or empty, at sigma 0.3-0.9: how much the model uses each word.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -49,6 +52,7 @@ def main():
     ap.add_argument("--held", help="also probe 5 with these numbers of held frames, e.g. 0,2,4")
     ap.add_argument("--clean", help="also probe 6 with these numbers of clean held frames, e.g. 4")
     ap.add_argument("--pool", action="store_true", help="also probe 7")
+    ap.add_argument("--words", action="store_true", help="also probe 8")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -96,7 +100,43 @@ def main():
         probe_held(args, model, proc, [int(k) for k in args.clean.split(",")], clean=True)
     if args.pool:
         probe_pool(model, proc, z, d["parts"], args.model)
+    if args.words:
+        probe_words(model, proc, z, d["parts"], args.model)
     return 0
+
+
+@torch.no_grad()
+def probe_words(model, proc, z, parts, folder, n=96):
+    colours, directions = list(world.COLOURS), list(world.DIRECTIONS)
+
+    def swapped(p, word):
+        c, s, d = p
+        if word == "colour":
+            c = colours[(colours.index(c) + 1) % len(colours)]
+        elif word == "shape":
+            s = world.SHAPES[(world.SHAPES.index(s) + 1) % len(world.SHAPES)]
+        elif word == "direction":
+            d = directions[(directions.index(d) + 1) % len(directions)]
+        return "" if word == "empty" else world.prompt(c, s, d)
+
+    words = ("own", "colour", "shape", "direction", "empty")
+    picked = parts[-n:]
+    texts = sorted({world.prompt(*p) if w == "own" else swapped(p, w) for p in picked for w in words})
+    emb, lens = train.text_embeddings(folder, texts, torch.float32)
+    ctx, bias = train.compact_text(emb, lens)
+    x0 = z[-n:]
+    g = torch.Generator().manual_seed(0)
+    for s in (0.3, 0.5, 0.7, 0.9):
+        noise = torch.randn(x0.shape, generator=g)
+        xt = (1 - s) * x0 + s * noise
+        loss = {}
+        for w in words:
+            rows = [texts.index(world.prompt(*p) if w == "own" else swapped(p, w)) for p in picked]
+            proc.bias = bias[rows][:, None, None, :]
+            v = model(xt, torch.full((n,), s * 1000.0), ctx[rows], return_dict=False)[0]
+            loss[w] = ((v - (noise - x0)) ** 2).mean().item()
+        print(f"8. words: sigma {s}: loss with the own prompt {loss['own']:.4f}; with one word swapped: " +
+              ", ".join(f"{w} +{100 * (loss[w] / loss['own'] - 1):.1f}%" for w in words[1:]))
 
 
 @torch.no_grad()
