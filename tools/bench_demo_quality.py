@@ -50,7 +50,7 @@ def main():
             os.makedirs(d)
             jobs = [{"id": f"p{i:02d}-s{seed}", "prompt": p, "seed": seed}
                     for seed in range(args.seeds) for i, p in enumerate(world.all_prompts())]
-            manifest = {"model": args.model, "output_dir": os.path.join(d, "out"),
+            manifest = {"model": os.path.abspath(args.model), "output_dir": os.path.join(d, "out"),
                         "defaults": dict(format="ffv1", **fields), "jobs": jobs}
             with open(os.path.join(d, "jobs.yaml"), "w") as f:
                 json.dump(manifest, f)  # JSON is YAML
