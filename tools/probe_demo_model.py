@@ -26,6 +26,10 @@
   8. words (--words): the flow-matching loss on the latents file's last 96 clips with their own
      prompt against the prompt with one word swapped (the colour, the shape or the direction to
      the next in demo_world's order) or empty, at sigma 0.3-0.9: how much the model uses each word.
+  9. from sigma (--from-sigma 0.2,0.5,1): 30 fresh clips (10 of each shape) noised to sigma S and
+     sampled from there (Euler, shift 3, the 20-step grid below S, guidance 4), with their own
+     prompt and with the shape word swapped; the judge's shape on each: where sampling loses the
+     shape (own prompt) and from where the prompt's shape wins over the clip's (swapped).
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -53,6 +57,7 @@ def main():
     ap.add_argument("--clean", help="also probe 6 with these numbers of clean held frames, e.g. 4")
     ap.add_argument("--pool", action="store_true", help="also probe 7")
     ap.add_argument("--words", action="store_true", help="also probe 8")
+    ap.add_argument("--from-sigma", help="also probe 9 from these sigmas, e.g. 0.2,0.5,1")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -102,7 +107,65 @@ def main():
         probe_pool(model, proc, z, d["parts"], args.model)
     if args.words:
         probe_words(model, proc, z, d["parts"], args.model)
+    if args.from_sigma:
+        probe_from_sigma(args, model, proc, [float(v) for v in args.from_sigma.split(",")])
     return 0
+
+
+def fresh_latents(args, vae, parts, seed):
+    """Clips of `parts` drawn by demo_world and encoded, normalised as the transformer sees them."""
+    import numpy as np
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1) * args.scale
+    rng = np.random.default_rng(seed)
+    x0, ends = [], []
+    for p in parts:
+        video, centres = world.render_clip(*p, train.FRAMES, train.HEIGHT, train.WIDTH, rng)
+        x = torch.from_numpy(video).permute(3, 0, 1, 2).float()[None] / 127.5 - 1.0
+        x0.append((vae.encode(x).latent_dist.mode() - mean) / std)
+        ends.append(centres[-1])
+    return torch.cat(x0), ends, mean, std
+
+
+def decoded(vae, x, mean, std):
+    """One normalised latent [1, C, T, H, W] as uint8 frames [T, H, W, 3]."""
+    y = vae.decode(x * std + mean).sample[0].clamp(-1, 1)
+    return ((y.permute(1, 2, 3, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
+
+
+@torch.no_grad()
+def probe_from_sigma(args, model, proc, starts, n=30, steps=20, shift=3.0, guidance=4.0):
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae")).float().eval()
+    colours, directions, shapes = list(world.COLOURS), list(world.DIRECTIONS), world.SHAPES
+    parts = [(colours[i % 5], shapes[i % 3], directions[i % 4]) for i in range(n)]
+    x0, _, mean, std = fresh_latents(args, vae, parts, seed=9)
+    other = [(c, shapes[(shapes.index(s) + 1) % 3], d) for c, s, d in parts]
+    texts = [""] + [world.prompt(*p) for p in parts] + [world.prompt(*p) for p in other]
+    emb, lens = train.text_embeddings(args.model, texts, torch.float32)
+    ctx, bias = train.compact_text(emb, lens)
+    grid = torch.linspace(1.0, 0.0, steps + 1)
+    grid = shift * grid / (1 + (shift - 1) * grid)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(9))
+    for s in starts:
+        sig = torch.cat([torch.tensor([s]), grid[grid < s - 1e-6]])
+        said = []
+        for rows, asked in ((range(1, n + 1), parts), (range(n + 1, 2 * n + 1), other)):
+            rows = list(rows)
+            c = torch.cat([ctx[rows], ctx[[0] * n]])
+            b = torch.cat([bias[rows], bias[[0] * n]])[:, None, None, :]
+            x = (1 - s) * x0 + s * noise
+            for i in range(len(sig) - 1):
+                proc.bias = b
+                v = model(torch.cat([x, x]), torch.full((2 * n,), float(sig[i]) * 1000.0), c, return_dict=False)[0]
+                x = x + (sig[i + 1] - sig[i]) * (v[n:] + guidance * (v[:n] - v[n:]))
+            said.append([world.judge(decoded(vae, x[j:j + 1], mean, std), world.prompt(*asked[j])) for j in range(n)])
+        own = sum(r["shape_ok"] for r in said[0]) / n
+        swapped = sum(r["shape_ok"] for r in said[1]) / n
+        kept = sum(r["shape"] == p[1] for r, p in zip(said[1], parts)) / n
+        print(f"9. from sigma {s} ({len(sig) - 1} steps): shape right with the own prompt {own:.2f}; with the shape "
+              f"swapped, the prompt's shape {swapped:.2f}, the clip's {kept:.2f}")
 
 
 @torch.no_grad()
@@ -200,17 +263,8 @@ def probe_held(args, model, proc, helds, n=16, steps=20, shift=3.0, guidance=4.0
     from diffusers import AutoencoderKLWan
 
     vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae")).float().eval()
-    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1) * args.scale
-    rng = np.random.default_rng(7)
     parts = [(list(world.COLOURS)[i % 5], world.SHAPES[i % 3], list(world.DIRECTIONS)[i % 4]) for i in range(n)]
-    x0, ends = [], []
-    for p in parts:
-        video, centres = world.render_clip(*p, train.FRAMES, train.HEIGHT, train.WIDTH, rng)
-        x = torch.from_numpy(video).permute(3, 0, 1, 2).float()[None] / 127.5 - 1.0
-        x0.append((vae.encode(x).latent_dist.mode() - mean) / std)
-        ends.append(centres[-1])
-    x0 = torch.cat(x0)
+    x0, ends, mean, std = fresh_latents(args, vae, parts, seed=7)
     emb, lens = train.text_embeddings(args.model, [""] + [world.prompt(*p) for p in parts], torch.float32)
     ctx, bias = train.compact_text(emb, lens)
     c = torch.cat([ctx[1:], ctx[[0] * n]])
@@ -240,8 +294,7 @@ def probe_held(args, model, proc, helds, n=16, steps=20, shift=3.0, guidance=4.0
                 x = x + (sig[i + 1] - sig[i]) * (v[n:] + guidance * (v[:n] - v[n:]))
             x[:, :, :held] = x0[:, :, :held]
             for j in range(n):
-                y = vae.decode(x[j:j + 1] * std + mean).sample[0].clamp(-1, 1)
-                frames = ((y.permute(1, 2, 3, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
+                frames = decoded(vae, x[j:j + 1], mean, std)
                 m = world.object_mask(frames[-1], half_max=True)
                 yy, xx = np.nonzero(m)
                 off.append(float(np.hypot(xx.mean() - ends[j][0], yy.mean() - ends[j][1])) if m.sum() >= 4 else 64.0)
