@@ -18,14 +18,16 @@ channels; Wan2.1's is 8x with 16 channels, the same numbers per frame): at 8x an
 fills one or two latent pixels and its shape hid in how their channels varied with where it sat
 in them (a linear probe read it in 54% of frames, the VAE's own reconstructions got it right in
 68%); at 4x it spans two or three, drawn in space (80% and 93%). The transformer's tokens each
-hold a 4x4 patch of latent pixels across all five latent frames (patch_size [5, 4, 4]: 320
-numbers, its width): with Wan's one frame per token ([1, 2, 2]) a model this small drew each latent
-frame from that frame's own noise, so objects jumped between frames and the direction was at
-chance (docs/benchmarks.md, "The demo model"); a token that holds its whole trajectory draws it in
-one piece, and attention only has to agree between neighbouring tokens. The VAE decodes its
+hold a 2x2 patch of latent pixels across all five latent frames (patch_size [5, 2, 2]: 80 numbers;
+width 160, 64 tokens): with Wan's one frame per token ([1, 2, 2]) a model this small drew each
+latent frame from that frame's own noise, so objects jumped between frames and the direction was
+at chance (docs/benchmarks.md, "The demo model"); a token that holds its whole trajectory draws it
+in one piece, and attention only has to agree between neighbouring tokens. 2x2 rather than 4x4
+patches (16 tokens of 320 numbers at width 320): the same cost per step, a quarter of the
+weights, and a lower loss (0.29 against 0.45). The VAE decodes its
 latents through noise (--vae-latent-noise) so that every colour lies well away from the background
 and from the others in the latent space the transformer samples in.
-Fixed seed; about 50 minutes on 2 cores (VAE 13 min, latents 3, transformer 30). CPU only; Python
+Fixed seed; about an hour on 2 cores (VAE 13 min, latents 3, transformer 43). CPU only; Python
 is for making the model, never at run time. The shipped model is:
   .venv/bin/python tools/train_demo_model.py --out configs/demo-model --no-check
 """
@@ -507,6 +509,12 @@ def save_folder(args, base, vae, model, data, info):
                            latents_std=[round(float(v), 4) for v in data["std"]])
     vae.to(torch.bfloat16).save_pretrained(os.path.join(out, "vae"))
     model.to(torch.bfloat16).save_pretrained(os.path.join(out, "transformer"))
+    for part in ("vae", "transformer"):  # a stage loaded from --work names its folder there: drop it
+        cfg_path = os.path.join(out, part, "config.json")
+        cfg = json.load(open(cfg_path))
+        if cfg.pop("_name_or_path", None) is not None:
+            with open(cfg_path, "w") as f:
+                f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     vae.float()
     model.float()
     defaults = {"about": "The demo model, trained by tools/train_demo_model.py on the world of tools/demo_world.py: "
@@ -562,16 +570,17 @@ def main():
                     help="share of transformer samples whose latent frames each get a sigma of their own")
     ap.add_argument("--frame-sigma-mode", choices=("mixed", "context"), default="mixed",
                     help="frames' own sigmas: drawn as the shared one is, or each nearly clean (< 0.3) or nearly noise (> 0.7)")
-    ap.add_argument("--head-dim", type=int, default=80, help="attention head dimension (divides --dim)")
-    ap.add_argument("--dim", type=int, default=320, help="the transformer's width (a token's 5 x 4 x 4 x 4 numbers)")
-    ap.add_argument("--ffn", type=int, default=640, help="the transformer's feed-forward width")
+    ap.add_argument("--head-dim", type=int, default=40, help="attention head dimension (divides --dim)")
+    ap.add_argument("--dim", type=int, default=160,
+                    help="the transformer's width (at least a token's numbers: 5 x 2 x 2 x 4 = 80 at the defaults)")
+    ap.add_argument("--ffn", type=int, default=480, help="the transformer's feed-forward width")
     ap.add_argument("--patch-t", type=int, default=5,
                     help="latent frames per token: 5 puts all 5 latent frames of a 17-frame clip in one token, "
                          "1 (Wan's) one frame per token (see the module's docstring)")
     ap.add_argument("--high-sigma", type=float, default=0.0,
                     help="share of training samples with sigma in 0.85..1, where sampling places the object")
     ap.add_argument("--travel", help="LO,HI: the world's travel range (demo_world.TRAVEL) for the clips drawn here")
-    ap.add_argument("--patch", type=int, default=4, choices=(1, 2, 4),
+    ap.add_argument("--patch", type=int, default=2, choices=(1, 2, 4),
                     help="the transformer's spatial patch in latent pixels (Wan's is 2)")
     ap.add_argument("--balance-colours", action="store_true",
                     help="weigh each clip's transformer loss by the inverse of its latents' energy (see train_transformer)")
@@ -622,7 +631,10 @@ def main():
     save_folder(args, base, vae, model, data, info)
     if not args.no_check:
         info["wanpipeline_check"] = check(args)
-    info["total_seconds"] = round(time.time() - t0, 1)
+    # The stages' own times, so a run that resumed after a stage kept in --work still reports what
+    # the whole recipe takes (this invocation's wall time beside it).
+    info["total_seconds"] = round(vae_info["seconds"] + data["seconds"] + dit_info["seconds"], 1)
+    info["this_run_seconds"] = round(time.time() - t0, 1)
     json.dump(info, open(os.path.join(args.out, "training.json"), "w"), indent=2)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(args.out) for f in fs)
     log(f"wrote {args.out}: {size / 1e6:.1f} MB; {json.dumps(info)}")
