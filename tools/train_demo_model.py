@@ -23,8 +23,8 @@ width 160, 64 tokens): with Wan's one frame per token ([1, 2, 2]) a model this s
 latent frame from that frame's own noise, so objects jumped between frames and the direction was
 at chance (docs/benchmarks.md, "The demo model"); a token that holds its whole trajectory draws it
 in one piece, and attention only has to agree between neighbouring tokens. 2x2 rather than 4x4
-patches (16 tokens of 320 numbers at width 320): the same cost per step, a quarter of the
-weights, and a lower loss (0.29 against 0.45). The VAE decodes its
+patches (16 tokens of 320 numbers at width 320): a little slower per step (5.7-6.0 against 6.7
+steps/s), a quarter of the weights, and a lower loss (0.29 against 0.45). The VAE decodes its
 latents through noise (--vae-latent-noise) so that every colour lies well away from the background
 and from the others in the latent space the transformer samples in.
 Fixed seed; about an hour on 2 cores (VAE 13 min, latents 3, transformer 43). CPU only; Python
