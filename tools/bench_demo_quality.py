@@ -6,12 +6,15 @@ Settings: the model's defaults (20 steps, guidance 4, transformer and text encod
 the steps, guidance off, and the transformer in fp32. One batch per setting on --ranks ranks
 (lossless FFV1, so the codec plays no part), in one run so the settings share the machine's state.
 Prints a Markdown table (accuracy per property, all three right, wall time) and writes JSON
-(with each setting's colour and shape misses: what was asked, and what was drawn or none).
-  .venv/bin/python tools/bench_demo_quality.py [--seeds 2] [--ranks 2] [--json out/bench-demo.json]
+(with each setting's colour and shape misses: what was asked, and what was drawn or none; and the
+median fill of the object's bounding box per asked shape: square 1, circle 0.785, triangle 0.5
+drawn ideally). --guidance 8,12 adds a setting per guidance scale.
+  .venv/bin/python tools/bench_demo_quality.py [--seeds 2] [--ranks 2] [--guidance 8,12] [--json out/bench-demo.json]
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,7 @@ def main():
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--settings", default="", help="comma-separated indices into the settings (default: all)")
+    ap.add_argument("--guidance", default="", help="comma-separated guidance scales, each a setting of its own")
     ap.add_argument("--json", default=os.path.join(root, "out", "bench-demo-quality.json"))
     args = ap.parse_args()
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -44,7 +48,8 @@ def main():
                OMP_NUM_THREADS="1")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else SETTINGS
+        chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else list(SETTINGS)
+        chosen += [(f"guidance {g}", {"guidance": float(g)}, []) for g in args.guidance.split(",") if g]
         for name, fields, flags in chosen:
             d = os.path.join(tmp, str(len(rows)))
             os.makedirs(d)
@@ -73,10 +78,15 @@ def main():
                     if not v[p + "_ok"]:
                         key = f"{v['want'][p]} as {v[p] or 'none'}"
                         misses[p][key] = misses[p].get(key, 0) + 1
+            fills = {}
+            for v in verdicts:
+                if v["fill"] is not None:
+                    fills.setdefault(v["want"]["shape"], []).append(v["fill"])
             rows.append({"setting": name, "videos": t["videos"], "wall_s": round(wall, 1),
                          **{p: t[p]["accuracy"] for p in check.PROPERTIES},
                          "all_three": round(t["all_three"] / t["videos"], 3),
-                         "colour_misses": misses["colour"], "shape_misses": misses["shape"]})
+                         "colour_misses": misses["colour"], "shape_misses": misses["shape"],
+                         "median_fill": {k: round(statistics.median(f), 3) for k, f in sorted(fills.items())}})
             print(f"{name}: {rows[-1]}", flush=True)
     print(f"\n{len(world.all_prompts())} prompts x {args.seeds} seeds, {args.ranks} ranks, FFV1:\n")
     print("| setting | colour | direction | shape | all three | wall time |\n|---|---|---|---|---|---|")
