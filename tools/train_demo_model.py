@@ -58,23 +58,34 @@ def log(msg):
     tqdm.write(f"[{time.strftime('%H:%M:%S')}] {msg}")
 
 
-def clips(rng, n, frames):
-    """n random clips of the world: float [n, 3, frames, H, W] in [-1, 1], weights, prompt parts."""
+def clips(rng, n, frames, twins=False):
+    """n random clips of the world: float [n, 3, frames, H, W] in [-1, 1], weights, prompt parts.
+
+    With twins (n a multiple of 3), n // 3 scenes each drawn in all three shapes, in world.SHAPES
+    order: same colour, direction, size, start and travel (render_clip's draws do not depend on
+    the shape, so each twin starts from the same generator state)."""
     xs, ws, parts = [], [], []
-    for _ in range(n):
+    while len(parts) < n:
         c = rng.choice(list(world.COLOURS))
         s = rng.choice(world.SHAPES)
         d = rng.choice(list(world.DIRECTIONS))
-        video, _ = world.render_clip(c, s, d, frames, HEIGHT, WIDTH, rng)
-        x = torch.from_numpy(video).permute(3, 0, 1, 2).float() / 127.5 - 1.0
-        # Object pixels (and a pixel around them) weigh 25x more: the object is ~3% of the frame,
-        # and at equal weight the autoencoder first learns to draw the background alone.
-        m = torch.from_numpy(world.object_mask(video, threshold=20.0)).float()[None, None]
-        m = torch.nn.functional.max_pool3d(m, (1, 3, 3), 1, (0, 1, 1))[0]
-        xs.append(x)
-        ws.append(1.0 + 24.0 * m)
-        parts.append((c, s, d))
+        state = rng.bit_generator.state
+        for s in world.SHAPES if twins else (s,):
+            rng.bit_generator.state = state
+            video, _ = world.render_clip(c, s, d, frames, HEIGHT, WIDTH, rng)
+            _add(xs, ws, parts, video, (c, s, d))
     return torch.stack(xs), torch.stack(ws), parts
+
+
+def _add(xs, ws, parts, video, part):
+    x = torch.from_numpy(video).permute(3, 0, 1, 2).float() / 127.5 - 1.0
+    # Object pixels (and a pixel around them) weigh 25x more: the object is ~3% of the frame,
+    # and at equal weight the autoencoder first learns to draw the background alone.
+    m = torch.from_numpy(world.object_mask(video, threshold=20.0)).float()[None, None]
+    m = torch.nn.functional.max_pool3d(m, (1, 3, 3), 1, (0, 1, 1))[0]
+    xs.append(x)
+    ws.append(1.0 + 24.0 * m)
+    parts.append(part)
 
 
 def make_base(args, base):
@@ -261,15 +272,16 @@ def encode_latents(args, work, vae):
         return torch.load(path, weights_only=False)  # written by this script
     rng = np.random.default_rng(args.seed + 1)
     zs, parts, t0 = [], [], time.time()
-    batch = 8
+    batch = 6 if args.shape_twins else 8  # twins: two scenes a batch, each in its three shapes
     for _ in tqdm(range(args.clips // batch), desc="encode", dynamic_ncols=True):
-        x, _, p = clips(rng, batch, FRAMES)
+        x, _, p = clips(rng, batch, FRAMES, twins=args.shape_twins)
         zs.append(vae.encode(x).latent_dist.mode())
         parts += p
     z = torch.cat(zs)
     mean = z.mean(dim=(0, 2, 3, 4))
     std = z.std(dim=(0, 2, 3, 4))
-    data = {"z": z, "parts": parts, "mean": mean, "std": std, "seconds": round(time.time() - t0, 1)}
+    data = {"z": z, "parts": parts, "mean": mean, "std": std, "seconds": round(time.time() - t0, 1),
+            "twins": bool(args.shape_twins)}
     torch.save(data, path)
     return data
 
@@ -409,26 +421,42 @@ def train_transformer(args, work, base, data, vae):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / args.dit_steps))))
     losses, watched, t0 = [], list(before.get("watched", [])), time.time()
+    twins, twin_losses = args.shape_twins, []
+    if twins and not data.get("twins"):
+        raise SystemExit(f"--shape-twins: {work}/latents.pt was written without it; remove it to encode twins")
     bar = tqdm(range(args.dit_steps), desc="transformer", dynamic_ncols=True)
     for step in bar:
-        pick = rng.integers(0, len(z), args.dit_batch)
+        if twins:  # pairs: one scene in two of its shapes, with one template, dropout, sigma and noise
+            scene, first = rng.integers(0, len(z) // 3, args.dit_batch // 2), rng.integers(0, 3, args.dit_batch // 2)
+            pick = np.stack([3 * scene + first, 3 * scene + (first + rng.integers(1, 3, len(first))) % 3], 1).reshape(-1)
+            ids = []
+            for a, b in pick.reshape(-1, 2):
+                drop, k = rng.random() < DROP_PROMPT, rng.integers(0, 4)
+                ids += [0 if drop else index[world.prompt(*parts[i], k)] for i in (a, b)]
+        else:
+            pick = rng.integers(0, len(z), args.dit_batch)
+            ids = []
+            for i in pick:
+                c, s, d = parts[i]
+                ids.append(0 if rng.random() < DROP_PROMPT else index[world.prompt(c, s, d, rng.integers(0, 4))])
         x0 = z[pick]
-        ids = []
-        for i in pick:
-            c, s, d = parts[i]
-            ids.append(0 if rng.random() < DROP_PROMPT else index[world.prompt(c, s, d, rng.integers(0, 4))])
         ctx = emb[rng.integers(0, 2), ids]
         proc.bias = bias[ids][:, None, None, :]
         # sigma: half uniform, half shifted towards noise as Wan's flow shift does at sampling.
         def draw_sigmas(*shape):
             u = torch.rand(shape)
             drawn = torch.where(torch.rand(shape) < 0.5, u, 3.0 * u / (1 + 2.0 * u))
-            if args.high_sigma > 0:  # where the sampler decides where the object is
-                drawn = torch.where(torch.rand(shape) < args.high_sigma, 0.85 + 0.15 * torch.rand(shape), drawn)
+            if args.high_sigma > 0:  # where the sampler decides where the object is (and its shape)
+                lo, hi = args.high_sigma_range
+                drawn = torch.where(torch.rand(shape) < args.high_sigma, lo + (hi - lo) * torch.rand(shape), drawn)
             return drawn.clamp(1e-3, 1.0)
 
-        sigma = draw_sigmas(args.dit_batch)
-        noise = torch.randn_like(x0)
+        if twins:
+            sigma = draw_sigmas(args.dit_batch // 2).repeat_interleave(2)
+            noise = torch.randn_like(x0[::2]).repeat_interleave(2, dim=0)
+        else:
+            sigma = draw_sigmas(args.dit_batch)
+            noise = torch.randn_like(x0)
         frames = x0.shape[2]
         if args.frame_sigmas > 0:
             # Some samples with a sigma of each latent frame's own (per-token timesteps, as
@@ -460,6 +488,16 @@ def train_transformer(args, work, base, data, vae):
             pw = pixel_weight[torch.from_numpy(pick)]
             per_clip = (pw * err).sum(dim=(1, 2, 3, 4)) / (pw.sum(dim=(1, 2, 3, 4)) * err.shape[1])
         loss = (w * per_clip).sum() / w.sum()
+        if args.twin_loss > 0:
+            # How much of the twins' difference (target a - target b = x0 b - x0 a) the two
+            # predictions miss, as a share of it, over the pairs that both had their prompt.
+            both = torch.tensor([ids[i] != 0 for i in range(0, len(ids), 2)])
+            if both.any():
+                dt = (x0[1::2] - x0[0::2])[both]
+                dp = (pred[0::2] - pred[1::2])[both]
+                twin_term = ((dp - dt) ** 2).sum() / (dt ** 2).sum()
+                twin_losses.append(float(twin_term))
+                loss = loss + args.twin_loss * twin_term
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -472,7 +510,8 @@ def train_transformer(args, work, base, data, vae):
         losses.append(float(loss))
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
         if step % 250 == 0 or step == args.dit_steps - 1:
-            log(f"transformer step {step}: flow-matching mse {np.mean(losses[-50:]):.5f}")
+            log(f"transformer step {step}: flow-matching mse {np.mean(losses[-50:]):.5f}" +
+                (f", twins' difference missed {np.mean(twin_losses[-50:]):.4f}" if twin_losses else ""))
         if args.watch_every and ((step + 1) % args.watch_every == 0 or step == args.dit_steps - 1):
             probe = copy.deepcopy(model)
             probe.load_state_dict(ema)
@@ -488,7 +527,11 @@ def train_transformer(args, work, base, data, vae):
             "final_mse": round(float(np.mean(losses[-200:])), 5), "prompt_dropout": DROP_PROMPT,
             "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "watched": watched,
             "colour_balance": before.get("colour_balance", []) + [args.balance_colours],
-            "object_weight": before.get("object_weight", [0.0] * before.get("rounds", 0)) + [args.object_weight]}
+            "object_weight": before.get("object_weight", [0.0] * before.get("rounds", 0)) + [args.object_weight],
+            "shape_twins": before.get("shape_twins", [False] * before.get("rounds", 0)) + [bool(twins)],
+            "twin_loss": before.get("twin_loss", [0.0] * before.get("rounds", 0)) + [args.twin_loss]}
+    if twin_losses:
+        info["final_twin_missed"] = round(float(np.mean(twin_losses[-200:])), 5)
     json.dump(info, open(os.path.join(work, "dit_losses.json"), "w"))
     return model, info
 
@@ -578,7 +621,9 @@ def main():
                     help="latent frames per token: 5 puts all 5 latent frames of a 17-frame clip in one token, "
                          "1 (Wan's) one frame per token (see the module's docstring)")
     ap.add_argument("--high-sigma", type=float, default=0.0,
-                    help="share of training samples with sigma in 0.85..1, where sampling places the object")
+                    help="share of training samples with sigma drawn uniformly from --high-sigma-range")
+    ap.add_argument("--high-sigma-range", type=lambda v: tuple(float(x) for x in v.split(",")), default=(0.85, 1.0),
+                    metavar="LO,HI", help="where sampling places the object (0.85..1) and decides its shape (1..0.6)")
     ap.add_argument("--travel", help="LO,HI: the world's travel range (demo_world.TRAVEL) for the clips drawn here")
     ap.add_argument("--patch", type=int, default=2, choices=(1, 2, 4),
                     help="the transformer's spatial patch in latent pixels (Wan's is 2)")
@@ -586,6 +631,10 @@ def main():
                     help="weigh each clip's transformer loss by the inverse of its latents' energy (see train_transformer)")
     ap.add_argument("--object-weight", type=float, default=0.0,
                     help="extra weight of the latent pixels at the object in the transformer's loss (see train_transformer)")
+    ap.add_argument("--shape-twins", action="store_true",
+                    help="clips as scenes drawn in all three shapes; each training batch pairs two shapes of a scene")
+    ap.add_argument("--twin-loss", type=float, default=0.0,
+                    help="with --shape-twins: weight of the share of the twins' difference their predictions miss")
     ap.add_argument("--ema", type=float, default=0.999)
     ap.add_argument("--flow-shift", type=float, default=3.0)
     ap.add_argument("--latent-scale", type=float, default=1.0,
@@ -599,6 +648,10 @@ def main():
     # frequencies per axis; at 80, 13-14), so --head-dim sets how finely offsets are told apart.
     if args.dim % args.head_dim or (args.frame_sigmas and args.patch_t != 1):
         ap.error("--head-dim must divide --dim, and --frame-sigmas needs --patch-t 1")
+    if args.shape_twins and (args.frame_sigmas or args.clips % 6 or args.dit_batch % 2):
+        ap.error("--shape-twins needs --clips a multiple of 6, an even --dit-batch and no --frame-sigmas")
+    if args.twin_loss and not args.shape_twins:
+        ap.error("--twin-loss needs --shape-twins")
     if args.travel:
         world.TRAVEL = tuple(float(v) for v in args.travel.split(","))
     os.makedirs(args.work, exist_ok=True)
