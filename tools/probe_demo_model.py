@@ -30,6 +30,11 @@
      sampled from there (Euler, shift 3, the 20-step grid below S, guidance 4), with their own
      prompt and with the shape word swapped; the judge's shape on each: where sampling loses the
      shape (own prompt) and from where the prompt's shape wins over the clip's (swapped).
+ 10. one-step fill (--x0-fill 0.5,0.7,0.85): the same 30 clips noised to sigma S; the model's
+     estimate of the clean clip (x_t - sigma v, guidance 1 and 4) with each of the three shape
+     words in the prompt, decoded, and the judge's median fill of the object's bounding box per
+     word (drawn ideally: square 1, circle 0.785, triangle 0.5): whether the shape word moves
+     what the model predicts, where sampling decides the shape.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -58,6 +63,7 @@ def main():
     ap.add_argument("--pool", action="store_true", help="also probe 7")
     ap.add_argument("--words", action="store_true", help="also probe 8")
     ap.add_argument("--from-sigma", help="also probe 9 from these sigmas, e.g. 0.2,0.5,1")
+    ap.add_argument("--x0-fill", help="also probe 10 at these sigmas, e.g. 0.5,0.7,0.85")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -109,6 +115,8 @@ def main():
         probe_words(model, proc, z, d["parts"], args.model)
     if args.from_sigma:
         probe_from_sigma(args, model, proc, [float(v) for v in args.from_sigma.split(",")])
+    if args.x0_fill:
+        probe_x0_fill(args, model, proc, [float(v) for v in args.x0_fill.split(",")])
     return 0
 
 
@@ -166,6 +174,38 @@ def probe_from_sigma(args, model, proc, starts, n=30, steps=20, shift=3.0, guida
         kept = sum(r["shape"] == p[1] for r, p in zip(said[1], parts)) / n
         print(f"9. from sigma {s} ({len(sig) - 1} steps): shape right with the own prompt {own:.2f}; with the shape "
               f"swapped, the prompt's shape {swapped:.2f}, the clip's {kept:.2f}")
+
+
+@torch.no_grad()
+def probe_x0_fill(args, model, proc, sigmas, n=30):
+    import numpy as np
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae")).float().eval()
+    colours, directions, shapes = list(world.COLOURS), list(world.DIRECTIONS), world.SHAPES
+    parts = [(colours[i % 5], shapes[i % 3], directions[i % 4]) for i in range(n)]
+    x0, _, mean, std = fresh_latents(args, vae, parts, seed=9)
+    texts = [""] + [world.prompt(c, s, d) for c, _, d in parts for s in shapes]
+    emb, lens = train.text_embeddings(args.model, texts, torch.float32)
+    ctx, bias = train.compact_text(emb, lens)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(9))
+    for s in sigmas:
+        xt = (1 - s) * x0 + s * noise
+        t = torch.full((n,), s * 1000.0)
+        proc.bias = bias[[0] * n][:, None, None, :]
+        uncond = model(xt, t, ctx[[0] * n], return_dict=False)[0]
+        said = []
+        for k, shape in enumerate(shapes):
+            rows = [1 + 3 * j + k for j in range(n)]
+            proc.bias = bias[rows][:, None, None, :]
+            cond = model(xt, t, ctx[rows], return_dict=False)[0]
+            for g in (1.0, 4.0):
+                est = xt - s * (uncond + g * (cond - uncond))
+                fills = [world.judge(decoded(vae, est[j:j + 1], mean, std), world.prompt(*parts[j]))["fill"]
+                         for j in range(n)]
+                fills = [f for f in fills if f is not None]
+                said.append(f"{shape} {np.median(fills):.3f}" + ("" if g == 1.0 else " guided"))
+        print(f"10. one-step fill: sigma {s}: median fill of the estimate with each shape word: " + ", ".join(said))
 
 
 @torch.no_grad()
