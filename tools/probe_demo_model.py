@@ -141,21 +141,29 @@ def decoded(vae, x, mean, std):
     return ((y.permute(1, 2, 3, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
 
 
-@torch.no_grad()
-def probe_from_sigma(args, model, proc, starts, n=30, steps=20, shift=3.0, guidance=4.0):
+def shape_clips(args, n=30):
+    """Probes 9 and 10's clips: n fresh ones, every colour, shape and direction in turn, encoded;
+    with the VAE, the normalisation and the noise (seed 9) they are sampled from."""
     from diffusers import AutoencoderKLWan
 
     vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae")).float().eval()
     colours, directions, shapes = list(world.COLOURS), list(world.DIRECTIONS), world.SHAPES
     parts = [(colours[i % 5], shapes[i % 3], directions[i % 4]) for i in range(n)]
     x0, _, mean, std = fresh_latents(args, vae, parts, seed=9)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(9))
+    return vae, parts, x0, mean, std, noise
+
+
+@torch.no_grad()
+def probe_from_sigma(args, model, proc, starts, n=30, steps=20, shift=3.0, guidance=4.0):
+    vae, parts, x0, mean, std, noise = shape_clips(args, n)
+    shapes = world.SHAPES
     other = [(c, shapes[(shapes.index(s) + 1) % 3], d) for c, s, d in parts]
     texts = [""] + [world.prompt(*p) for p in parts] + [world.prompt(*p) for p in other]
     emb, lens = train.text_embeddings(args.model, texts, torch.float32)
     ctx, bias = train.compact_text(emb, lens)
     grid = torch.linspace(1.0, 0.0, steps + 1)
     grid = shift * grid / (1 + (shift - 1) * grid)
-    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(9))
     for s in starts:
         sig = torch.cat([torch.tensor([s]), grid[grid < s - 1e-6]])
         said = []
@@ -179,16 +187,12 @@ def probe_from_sigma(args, model, proc, starts, n=30, steps=20, shift=3.0, guida
 @torch.no_grad()
 def probe_x0_fill(args, model, proc, sigmas, n=30):
     import numpy as np
-    from diffusers import AutoencoderKLWan
 
-    vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae")).float().eval()
-    colours, directions, shapes = list(world.COLOURS), list(world.DIRECTIONS), world.SHAPES
-    parts = [(colours[i % 5], shapes[i % 3], directions[i % 4]) for i in range(n)]
-    x0, _, mean, std = fresh_latents(args, vae, parts, seed=9)
+    vae, parts, x0, mean, std, noise = shape_clips(args, n)
+    shapes = world.SHAPES
     texts = [""] + [world.prompt(c, s, d) for c, _, d in parts for s in shapes]
     emb, lens = train.text_embeddings(args.model, texts, torch.float32)
     ctx, bias = train.compact_text(emb, lens)
-    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(9))
     for s in sigmas:
         xt = (1 - s) * x0 + s * noise
         t = torch.full((n,), s * 1000.0)

@@ -73,19 +73,15 @@ def clips(rng, n, frames, twins=False):
         for s in world.SHAPES if twins else (s,):
             rng.bit_generator.state = state
             video, _ = world.render_clip(c, s, d, frames, HEIGHT, WIDTH, rng)
-            _add(xs, ws, parts, video, (c, s, d))
+            x = torch.from_numpy(video).permute(3, 0, 1, 2).float() / 127.5 - 1.0
+            # Object pixels (and a pixel around them) weigh 25x more: the object is ~3% of the
+            # frame, and at equal weight the autoencoder first learns to draw the background alone.
+            m = torch.from_numpy(world.object_mask(video, threshold=20.0)).float()[None, None]
+            m = torch.nn.functional.max_pool3d(m, (1, 3, 3), 1, (0, 1, 1))[0]
+            xs.append(x)
+            ws.append(1.0 + 24.0 * m)
+            parts.append((c, s, d))
     return torch.stack(xs), torch.stack(ws), parts
-
-
-def _add(xs, ws, parts, video, part):
-    x = torch.from_numpy(video).permute(3, 0, 1, 2).float() / 127.5 - 1.0
-    # Object pixels (and a pixel around them) weigh 25x more: the object is ~3% of the frame,
-    # and at equal weight the autoencoder first learns to draw the background alone.
-    m = torch.from_numpy(world.object_mask(video, threshold=20.0)).float()[None, None]
-    m = torch.nn.functional.max_pool3d(m, (1, 3, 3), 1, (0, 1, 1))[0]
-    xs.append(x)
-    ws.append(1.0 + 24.0 * m)
-    parts.append(part)
 
 
 def make_base(args, base):
@@ -421,7 +417,7 @@ def train_transformer(args, work, base, data, vae):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / args.dit_steps))))
     losses, watched, t0 = [], list(before.get("watched", [])), time.time()
-    twins, twin_losses = args.shape_twins, []
+    twins, twin_losses = args.shape_twins, []  # twin_losses: the --twin-loss term, for the log
     if twins and not data.get("twins"):
         raise SystemExit(f"--shape-twins: {work}/latents.pt was written without it; remove it to encode twins")
     bar = tqdm(range(args.dit_steps), desc="transformer", dynamic_ncols=True)
