@@ -35,6 +35,10 @@
      words in the prompt, decoded, and the judge's median fill of the object's bounding box per
      word (drawn ideally: square 1, circle 0.785, triangle 0.5): whether the shape word moves
      what the model predicts, where sampling decides the shape.
+ 11. decoder margin (--decode-noise 0.1,0.3,0.5): the same 30 clips' latents with Gaussian noise
+     of L in the normalised units the transformer samples in (L x each channel's std) added,
+     decoded and judged: how precisely a latent must be drawn for the decoder to show its colour
+     and shape. No transformer is used.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -64,6 +68,7 @@ def main():
     ap.add_argument("--words", action="store_true", help="also probe 8")
     ap.add_argument("--from-sigma", help="also probe 9 from these sigmas, e.g. 0.2,0.5,1")
     ap.add_argument("--x0-fill", help="also probe 10 at these sigmas, e.g. 0.5,0.7,0.85")
+    ap.add_argument("--decode-noise", help="also probe 11 at these noise levels, e.g. 0.1,0.3,0.5")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -117,6 +122,8 @@ def main():
         probe_from_sigma(args, model, proc, [float(v) for v in args.from_sigma.split(",")])
     if args.x0_fill:
         probe_x0_fill(args, model, proc, [float(v) for v in args.x0_fill.split(",")])
+    if args.decode_noise:
+        probe_decode_noise(args, [float(v) for v in args.decode_noise.split(",")])
     return 0
 
 
@@ -210,6 +217,25 @@ def probe_x0_fill(args, model, proc, sigmas, n=30):
                 fills = [f for f in fills if f is not None]
                 said.append(f"{shape} {np.median(fills):.3f}" + ("" if g == 1.0 else " guided"))
         print(f"10. one-step fill: sigma {s}: median fill of the estimate with each shape word: " + ", ".join(said))
+
+
+@torch.no_grad()
+def probe_decode_noise(args, levels, n=30):
+    import numpy as np
+
+    vae, parts, x0, mean, std, _ = shape_clips(args, n)
+    gen = torch.Generator().manual_seed(11)
+    for level in [0.0] + levels:
+        right, fills = {"colour_ok": 0, "shape_ok": 0}, {}
+        for j in range(n):
+            x = x0[j:j + 1] + level * torch.randn(x0[j:j + 1].shape, generator=gen)
+            r = world.judge(decoded(vae, x, mean, std), world.prompt(*parts[j]))
+            for k in right:
+                right[k] += r[k]
+            if r["fill"] is not None:
+                fills.setdefault(parts[j][1], []).append(r["fill"])
+        print(f"11. decoder margin: noise {level}: colour right {right['colour_ok']}/{n}, shape {right['shape_ok']}/{n}, "
+              "median fill " + ", ".join(f"{k} {np.median(v):.3f}" for k, v in sorted(fills.items())))
 
 
 @torch.no_grad()

@@ -91,6 +91,35 @@ def make_base(args, base):
                     "--heads", "2", "--text-dim", "32", "--dtype", "bf16"], check=True, stdout=subprocess.DEVNULL)
 
 
+def whole_word_tokenizer(base):
+    """Gives the world's words (its colours, shapes and directions) a piece each in the tokenizer.
+
+    The tiny tokenizer of `dlo-checkpoint make` learnt its 512 pieces from a few KB of prose, so it
+    cut "square" into five pieces ('▁', 's', 'qu', 'ar', 'e'), "triangle" into four and "circle"
+    into three, sharing them with other words ('le' of "triangle" and "left"). Then the shape word
+    shifts every token after it, and the text a shape differs by is mostly the direction moved
+    along. Real UMT5's vocabulary holds each of these words whole. Here each missing word takes the
+    place of one of the lowest-scored pieces that are neither a single character nor a word start
+    (so every text still tokenises), scored above every other piece so that it is always chosen."""
+    from sentencepiece import sentencepiece_model_pb2
+    path = os.path.join(base, "tokenizer", "spiece.model")
+    model = sentencepiece_model_pb2.ModelProto()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+    have = {p.piece for p in model.pieces}
+    words = ["\u2581" + w for w in (*world.COLOURS, *world.SHAPES, *world.DIRECTIONS) if "\u2581" + w not in have]
+    if not words:
+        return
+    top = max(p.score for p in model.pieces if p.type == 1)
+    spare = sorted((i for i, p in enumerate(model.pieces)
+                    if p.type == 1 and len(p.piece) > 1 and not p.piece.startswith("\u2581")),
+                   key=lambda i: (model.pieces[i].score, i))[:len(words)]
+    for i, w in zip(sorted(spare), words):
+        model.pieces[i].piece, model.pieces[i].score = w, top + 0.5
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+
+
 @torch.no_grad()
 def per_frame_init(vae):
     """Start the causal VAE as a per-frame autoencoder: every causal 3D convolution sees only the
@@ -404,7 +433,7 @@ def train_transformer(args, work, base, data, vae):
                                   attention_head_dim=args.head_dim,
                                   in_channels=data["z"].shape[1], out_channels=data["z"].shape[1], text_dim=32,
                                   freq_dim=256, ffn_dim=args.ffn,
-                                  num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+                                  num_layers=args.layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
                                   rope_max_seq_len=1024)
     before = {}
     if done:  # --dit-more: go on from the saved (averaged) weights for another --dit-steps
@@ -612,6 +641,7 @@ def main():
     ap.add_argument("--head-dim", type=int, default=40, help="attention head dimension (divides --dim)")
     ap.add_argument("--dim", type=int, default=160,
                     help="the transformer's width (at least a token's numbers: 5 x 2 x 2 x 4 = 80 at the defaults)")
+    ap.add_argument("--layers", type=int, default=4, help="the transformer's blocks")
     ap.add_argument("--ffn", type=int, default=480, help="the transformer's feed-forward width")
     ap.add_argument("--patch-t", type=int, default=5,
                     help="latent frames per token: 5 puts all 5 latent frames of a 17-frame clip in one token, "
@@ -637,6 +667,8 @@ def main():
                     help="latents_std = the latents' per-channel std times this (see main)")
     ap.add_argument("--watch-every", type=int, default=500,
                     help="every so many transformer steps, sample 20 prompts with the averaged weights and judge them")
+    ap.add_argument("--whole-words", action="store_true",
+                    help="give the world's words a tokenizer piece each (whole_word_tokenizer)")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -654,6 +686,8 @@ def main():
     t0 = time.time()
     base = os.path.join(args.work, "base")
     make_base(args, base)
+    if args.whole_words:
+        whole_word_tokenizer(base)
     vae, vae_info = train_vae(args, args.work)
     if "reconstruction_check" not in vae_info:
         vae_info["reconstruction_check"] = check_vae(vae, args.seed + 3)
