@@ -5,7 +5,7 @@
 # every block, blocks are rebuilt by AllGather just before they run, and a rank that finishes a
 # job takes the next at a pass boundary. The model (configs/demo-model, made by
 # tools/train_demo_model.py) is a tiny Wan2.1 trained here on clips of one coloured shape moving
-# across the frame (it draws the asked direction in about 8 videos of 10, the colour in 7); it is installed as out/demo/model. Afterwards the script writes a strip of
+# across the frame (it draws the asked colour and direction in every video, the shape in about 57%); it is installed as out/demo/model. Afterwards the script writes a strip of
 # frames of the first video (out/demo/strip.png) and, with the project's Python, checks every
 # video's colour, shape and direction against its prompt (tools/check_demo_video.py).
 # A rerun skips what is done (results.jsonl).

@@ -641,7 +641,7 @@ def main():
     ap.add_argument("--head-dim", type=int, default=40, help="attention head dimension (divides --dim)")
     ap.add_argument("--dim", type=int, default=160,
                     help="the transformer's width (at least a token's numbers: 5 x 2 x 2 x 4 = 80 at the defaults)")
-    ap.add_argument("--layers", type=int, default=4, help="the transformer's blocks")
+    ap.add_argument("--layers", type=int, default=8, help="the transformer's blocks")
     ap.add_argument("--ffn", type=int, default=480, help="the transformer's feed-forward width")
     ap.add_argument("--patch-t", type=int, default=5,
                     help="latent frames per token: 5 puts all 5 latent frames of a 17-frame clip in one token, "
