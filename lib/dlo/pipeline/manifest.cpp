@@ -125,7 +125,9 @@ Fields read_fields(const YAML::Node& map, bool is_defaults, std::int64_t job, co
   Fields out;
   std::map<std::string, std::int64_t> seen;  // key -> line
   for (auto it = map.begin(); it != map.end(); ++it) {
-    const YAML::Node& kn = it->first;
+    // A copy (a handle): yaml-cpp's operator-> returns a proxy by value, so a reference to
+    // it->first would dangle once this statement ends (GCC 12's -Wdangling-pointer saw it).
+    const YAML::Node kn = it->first;
     const YAML::Mark km = kn.Mark();
     const std::string where = is_defaults ? "defaults" : "";
     if (!kn.IsScalar()) {
