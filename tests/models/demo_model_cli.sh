@@ -7,8 +7,8 @@
 #     identical across the ten runs, and tools/check_demo_video.py's verdicts from the pixels:
 #     the colour and the direction right in all but at most one video each (issue 20's bar; the
 #     shipped model gets 10 of 10 of each; chance is 2 and 2.5); shape is reported, not asserted
-#     (4 of 10, chance 3.3: the transformer does not yet draw it, though the VAE gets it right in
-#     93% of its own reconstructions);
+#     (5 of 10, chance 3.3: the transformer draws circles and triangles, squares without corners,
+#     though the VAE gets the shape right in 93% of its own reconstructions);
 #  3. the same prompts with guidance off: the verdicts reported.
 # DLO_DEMO_MAX_MISSES (e.g. colour=0,direction=0,shape=4) sets other bars.
 #   demo_model_cli.sh BIN_DIR PYTHON SOURCE_DIR
