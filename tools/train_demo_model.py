@@ -31,7 +31,7 @@ and from the others in the latent space the transformer samples in. The transfor
 57% (lower loss at every step, 3.1 against 5.6 steps/s).
 Fixed seed; 83 minutes on 2 cores (VAE 13 min, latents 3, transformer 67). The same files come
 back on the same machine; on another CPU the floats differ, and with them the VAE (on an AMD EPYC
-of 2026-12-05 its colours lay nearer the background) and the time (about 95 minutes there):
+of 2026-12-05 its colours lay nearer the background) and the time (about 100 minutes there, estimated):
 docs/benchmarks.md, "A recipe within the hour, and on another CPU". CPU only; Python is for
 making the model, never at run time. The shipped model is:
   .venv/bin/python tools/train_demo_model.py --out configs/demo-model --no-check
