@@ -8,8 +8,10 @@ the steps, guidance off, and the transformer in fp32. One batch per setting on -
 Prints a Markdown table (accuracy per property, all three right, wall time) and writes JSON
 (with each setting's colour and shape misses: what was asked, and what was drawn or none; and the
 median fill of the object's bounding box per asked shape: square 1, circle 0.785, triangle 0.5
-drawn ideally). --guidance 8,12 adds a setting per guidance scale.
-  .venv/bin/python tools/bench_demo_quality.py [--seeds 2] [--ranks 2] [--guidance 8,12] [--json out/bench-demo.json]
+drawn ideally). --guidance 8,12 adds a setting per guidance scale, --flow-shift 1,5 one per flow
+shift (the sampler's; the model folder's is 3).
+  .venv/bin/python tools/bench_demo_quality.py [--seeds 2] [--ranks 2] [--guidance 8,12] [--flow-shift 1,5]
+      [--json out/bench-demo.json]
 """
 import argparse
 import json
@@ -41,6 +43,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--settings", default="", help="comma-separated indices into the settings (default: all)")
     ap.add_argument("--guidance", default="", help="comma-separated guidance scales, each a setting of its own")
+    ap.add_argument("--flow-shift", default="", help="comma-separated flow shifts, each a setting of its own")
     ap.add_argument("--json", default=os.path.join(root, "out", "bench-demo-quality.json"))
     args = ap.parse_args()
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -50,6 +53,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else list(SETTINGS)
         chosen += [(f"guidance {g}", {"guidance": float(g)}, []) for g in args.guidance.split(",") if g]
+        chosen += [(f"flow shift {s}", {"flow_shift": float(s)}, []) for s in args.flow_shift.split(",") if s]
         for name, fields, flags in chosen:
             d = os.path.join(tmp, str(len(rows)))
             os.makedirs(d)

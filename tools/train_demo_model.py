@@ -403,6 +403,16 @@ def sample_check(model, vae, data, ctx, bias, prompts, steps=20, guidance=4.0, s
     return {k.replace("_ok", ""): round(v / n, 3) for k, v in tally.items()}
 
 
+def demo_transformer(args, channels):
+    """A fresh transformer of the recipe's shape (--layers, --dim, --head-dim, --ffn, --patch-t,
+    --patch) on `channels` latent channels; text_dim is the tiny text encoder's d_model."""
+    from diffusers import WanTransformer3DModel
+    return WanTransformer3DModel(patch_size=(args.patch_t, args.patch, args.patch), num_attention_heads=args.dim // args.head_dim,
+                                 attention_head_dim=args.head_dim, in_channels=channels, out_channels=channels, text_dim=32,
+                                 freq_dim=256, ffn_dim=args.ffn, num_layers=args.layers, cross_attn_norm=True,
+                                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+
+
 def train_transformer(args, work, base, data, vae):
     from diffusers import WanTransformer3DModel
     path = os.path.join(work, "transformer")
@@ -434,12 +444,7 @@ def train_transformer(args, work, base, data, vae):
         near = (z - background_latent(z)[None, :, :, None, None]).norm(dim=1) > 2.0  # [N, T, H, W]
         near = torch.nn.functional.max_pool2d(near.float().flatten(0, 1)[:, None], 3, 1, 1).view(near.shape)
         pixel_weight = 1.0 + args.object_weight * near[:, None]  # [N, 1, T, H, W]
-    model = WanTransformer3DModel(patch_size=(args.patch_t, args.patch, args.patch), num_attention_heads=args.dim // args.head_dim,
-                                  attention_head_dim=args.head_dim,
-                                  in_channels=data["z"].shape[1], out_channels=data["z"].shape[1], text_dim=32,
-                                  freq_dim=256, ffn_dim=args.ffn,
-                                  num_layers=args.layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
-                                  rope_max_seq_len=1024)
+    model = demo_transformer(args, data["z"].shape[1])
     before = {}
     if done:  # --dit-more: go on from the saved (averaged) weights for another --dit-steps
         model = WanTransformer3DModel.from_pretrained(path)
@@ -617,7 +622,8 @@ def check(args):
     return acc
 
 
-def main():
+def parser():
+    """The recipe's flags and defaults (tools/bench_train_step.py builds its model from them too)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the model folder to write (replaced)")
     ap.add_argument("--work", default="out/train-demo", help="stages kept here; a rerun resumes after the last")
@@ -675,6 +681,11 @@ def main():
     ap.add_argument("--whole-words", action="store_true",
                     help="give the world's words a tokenizer piece each (whole_word_tokenizer)")
     ap.add_argument("--no-check", action="store_true")
+    return ap
+
+
+def main():
+    ap = parser()
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     # 3D RoPE splits a head's dimensions over time, height and width (at 24, 4 rotation
