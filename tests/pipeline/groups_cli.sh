@@ -23,8 +23,9 @@
 # Every job whose frames are compared gives each rank of its group at least 16 tokens: the domain
 # where tests/models/test_sequence_parallel.cpp's probe shows this libtorch's GEMMs row-invariant.
 # Smaller shares can round differently in bf16: libtorch sends an m x k x n GEMM to oneDNN only
-# above m*k*n = 4096, so at this model's 24 -> 16 projection a 6-token share and its 12-token job
-# took different kernels on an AVX-512 BF16 CPU (real Wan widths are above that cut at any share).
+# above m*k*n = 4096, so at this model's narrowest GEMM (24 x 16) a 6-token share and its 12-token
+# job take different kernels: on an AVX-512 BF16 CPU one of five jobs at 48x32 rounded differently
+# from 1 rank. Real Wan widths are above that cut at any share.
 #   groups_cli.sh BIN_DIR
 set -euo pipefail
 # shellcheck source=tests/common/cli.sh
