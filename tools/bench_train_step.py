@@ -3,8 +3,8 @@
 
 Builds the recipe's transformer (tools/train_demo_model.py's flags and defaults: any of its shape
 flags after ours, e.g. --layers 4) and runs its step as the recipe does (flow-matching loss on
-latents of the recipe's shape, cross-attention over a compact prompt, AdamW, gradient clipping,
-the EMA update) on random data, for each --batch in one run, so their ratio is this machine's, with
+random latents of the recipe's shape, cross-attention over the world's prompts as the recipe
+encodes them with --text's tokenizer and text encoder, AdamW, gradient clipping, the EMA update), for each --batch in one run, so their ratio is this machine's, with
 the share of each phase (forward, backward, clipping and AdamW, EMA). Then profiles a few steps at
 the first batch and sorts the CPU time by kind of op: GEMMs, attention, everything else
 (element-wise ops, norms, copies, the optimizer's arithmetic).
@@ -28,6 +28,9 @@ def main():
     ap.add_argument("--batch", default="32,16", help="comma-separated batch sizes; the first is profiled")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per batch size, after 5 untimed")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--text", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                   "configs", "demo-model"),
+                    help="a folder with the tokenizer/ and text_encoder/ to condition on (the shipped model's)")
     args, rest = ap.parse_known_args()
     shape = recipe.parser().parse_args(["--out", "unused", *rest])
     torch.set_num_threads(args.threads)
@@ -39,7 +42,8 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=shape.dit_lr, weight_decay=0.01)
     ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
     params = sum(p.numel() for p in model.parameters())
-    slots = 13  # the longest world prompt's tokens plus a padding slot
+    emb, lengths = recipe.text_embeddings(args.text, recipe.world_texts(), torch.float32)
+    emb, bias = recipe.compact_text(emb, lengths)
 
     phases = {"forward": 0.0, "backward": 0.0, "clipping and AdamW": 0.0, "EMA": 0.0}
 
@@ -48,9 +52,10 @@ def main():
         sigma = torch.rand(batch)
         noise = torch.randn_like(x0)
         xt = (1 - sigma.view(-1, 1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1, 1) * noise
-        proc.bias = torch.zeros(batch, 1, 1, slots)
+        ids = torch.randint(0, len(emb), (batch,))
+        proc.bias = bias[ids][:, None, None, :]
         t = [time.perf_counter()]
-        pred = model(xt, sigma * 1000.0, torch.randn(batch, slots, 32), return_dict=False)[0]
+        pred = model(xt, sigma * 1000.0, emb[ids], return_dict=False)[0]
         loss = ((pred - (noise - x0)) ** 2).mean()
         t.append(time.perf_counter())
         opt.zero_grad(set_to_none=True)
@@ -69,7 +74,7 @@ def main():
     batches = [int(b) for b in args.batch.split(",")]
     tokens = frames * side * side // (shape.patch_t * shape.patch * shape.patch)
     print(f"transformer: {shape.layers} layers, width {shape.dim}, ffn {shape.ffn}, {tokens} tokens a clip, "
-          f"{params / 1e6:.2f} M parameters; {args.threads} threads")
+          f"{params / 1e6:.2f} M parameters; prompts of up to {emb.shape[1]} text slots; {args.threads} threads")
     rates = {}
     for b in batches:
         for _ in range(5):

@@ -56,6 +56,7 @@ import demo_world as world  # noqa: E402
 HEIGHT, WIDTH, FRAMES, FPS = 64, 64, 17, 16
 DEFAULTS = {"height": HEIGHT, "width": WIDTH, "frames": FRAMES, "steps": 20, "guidance": 4.0, "fps": FPS}
 MAX_TOKENS = 512  # WanPipeline's max_sequence_length
+TEXT_DIM = 32  # the tiny text encoder's d_model (make_base), the transformer's text_dim
 DROP_PROMPT = 0.12
 
 
@@ -93,7 +94,7 @@ def make_base(args, base):
     if os.path.exists(os.path.join(base, "model_index.json")):
         return
     subprocess.run([args.dlo_checkpoint, "make", base, "--preset", "wan-test", "--layers", "1", "--dim", "32",
-                    "--heads", "2", "--text-dim", "32", "--dtype", "bf16"], check=True, stdout=subprocess.DEVNULL)
+                    "--heads", "2", "--text-dim", str(TEXT_DIM), "--dtype", "bf16"], check=True, stdout=subprocess.DEVNULL)
 
 
 def whole_word_tokenizer(base):
@@ -403,12 +404,19 @@ def sample_check(model, vae, data, ctx, bias, prompts, steps=20, guidance=4.0, s
     return {k.replace("_ok", ""): round(v / n, 3) for k, v in tally.items()}
 
 
+def world_texts():
+    """What the transformer is conditioned on: the empty prompt (dropout), then every prompt of the
+    world in every template."""
+    return [""] + [world.prompt(c, s, d, k) for c in world.COLOURS for s in world.SHAPES
+                   for d in world.DIRECTIONS for k in range(len(world.TEMPLATES))]
+
+
 def demo_transformer(args, channels):
     """A fresh transformer of the recipe's shape (--layers, --dim, --head-dim, --ffn, --patch-t,
-    --patch) on `channels` latent channels; text_dim is the tiny text encoder's d_model."""
+    --patch) on `channels` latent channels, conditioned on the tiny text encoder's TEXT_DIM."""
     from diffusers import WanTransformer3DModel
     return WanTransformer3DModel(patch_size=(args.patch_t, args.patch, args.patch), num_attention_heads=args.dim // args.head_dim,
-                                 attention_head_dim=args.head_dim, in_channels=channels, out_channels=channels, text_dim=32,
+                                 attention_head_dim=args.head_dim, in_channels=channels, out_channels=channels, text_dim=TEXT_DIM,
                                  freq_dim=256, ffn_dim=args.ffn, num_layers=args.layers, cross_attn_norm=True,
                                  qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
@@ -421,8 +429,7 @@ def train_transformer(args, work, base, data, vae):
         return WanTransformer3DModel.from_pretrained(path), json.load(open(os.path.join(work, "dit_losses.json")))
     torch.manual_seed(args.seed + 2)
     rng = np.random.default_rng(args.seed + 2)
-    texts = [""] + [world.prompt(c, s, d, k) for c in world.COLOURS for s in world.SHAPES
-                    for d in world.DIRECTIONS for k in range(len(world.TEMPLATES))]
+    texts = world_texts()
     index = {t: i for i, t in enumerate(texts)}
     # dlo runs the text encoder in bf16 by default, WanPipeline in the weights' dtype: train on both.
     (emb32, lengths), (emb16, _) = (text_embeddings(base, texts, dt) for dt in (torch.float32, torch.bfloat16))
