@@ -39,6 +39,13 @@
      of L in the normalised units the transformer samples in (L x each channel's std) added,
      decoded and judged: how precisely a latent must be drawn for the decoder to show its colour
      and shape. No transformer is used.
+ 12. one-pixel code (--pixel-code): a linear classifier of the shape from the one latent pixel
+     farthest from the background (each latent frame after the first, less the background),
+     trained on the latents file's first 80% of clips and scored on the rest; then the 60
+     prompts sampled (Euler, shift 3, 20 steps, guidance 4, seed 0) and the classifier's majority
+     over each sample's frames against the prompt's shape: whether the shape is written into the
+     object's pixels as a colour is (train_demo_model.py --vae-shape-code), and whether the
+     transformer writes it.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -69,6 +76,7 @@ def main():
     ap.add_argument("--from-sigma", help="also probe 9 from these sigmas, e.g. 0.2,0.5,1")
     ap.add_argument("--x0-fill", help="also probe 10 at these sigmas, e.g. 0.5,0.7,0.85")
     ap.add_argument("--decode-noise", help="also probe 11 at these noise levels, e.g. 0.1,0.3,0.5")
+    ap.add_argument("--pixel-code", action="store_true", help="also probe 12")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -124,7 +132,56 @@ def main():
         probe_x0_fill(args, model, proc, [float(v) for v in args.x0_fill.split(",")])
     if args.decode_noise:
         probe_decode_noise(args, [float(v) for v in args.decode_noise.split(",")])
+    if args.pixel_code:
+        probe_pixel_code(model, proc, z, d["parts"], args.model)
     return 0
+
+
+def object_pixel(z, background):
+    """[N, T-1, C]: each clip's latent pixel farthest from the background in each latent frame after
+    the first, less the background."""
+    diff = (z - background[None, :, :, None, None])[:, :, 1:].flatten(3)  # [N, C, T-1, H*W]
+    at = diff.norm(dim=1).argmax(dim=-1)  # [N, T-1]
+    return diff.gather(3, at[:, None, :, None].expand(-1, diff.shape[1], -1, 1))[..., 0].transpose(1, 2)
+
+
+def probe_pixel_code(model, proc, z, parts, folder, steps=20, shift=3.0, guidance=4.0):
+    background = train.background_latent(z)
+    feats = object_pixel(z, background)
+    n, t, c = feats.shape
+    labels = torch.tensor([world.SHAPES.index(p[1]) for p in parts])
+    split = n * 4 // 5
+    x, y = feats[:split].reshape(-1, c), labels[:split].repeat_interleave(t)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(c, len(world.SHAPES))
+    opt = torch.optim.Adam(lin.parameters(), 1e-2)
+    for _ in range(1000):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(lin(x), y).backward()
+        opt.step()
+    with torch.no_grad():
+        held = (lin(feats[split:].reshape(-1, c)).argmax(1) == labels[split:].repeat_interleave(t)).float().mean()
+        print(f"12. one-pixel code: the shape read from the object's farthest latent pixel in {held:.1%} of "
+              f"held-out frames (chance 33%)")
+        prompts = world.all_prompts()
+        emb, lens = train.text_embeddings(folder, [""] + prompts, torch.float32)
+        ctx, bias = train.compact_text(emb, lens)
+        m = len(prompts)
+        g = torch.Generator().manual_seed(0)
+        xt = torch.randn((m,) + tuple(z.shape[1:]), generator=g)
+        cond = torch.cat([ctx[1:], ctx[[0] * m]])
+        proc.bias = torch.cat([bias[1:], bias[[0] * m]])[:, None, None, :]
+        sig = torch.linspace(1.0, 0.0, steps + 1)
+        sig = shift * sig / (1 + (shift - 1) * sig)
+        for i in range(steps):
+            v = model(torch.cat([xt, xt]), torch.full((2 * m,), float(sig[i]) * 1000.0), cond, return_dict=False)[0]
+            xt = xt + (sig[i + 1] - sig[i]) * (v[m:] + guidance * (v[:m] - v[m:]))
+        said = lin(object_pixel(xt, background).reshape(-1, c)).argmax(1).view(m, -1).mode(dim=1).values
+    want = torch.tensor([world.SHAPES.index(world.parse_prompt(p)[1]) for p in prompts])
+    rows = ", ".join(f"{s} as {'/'.join(str(int((said[want == k] == j).sum())) for j in range(len(world.SHAPES)))}"
+                     for k, s in enumerate(world.SHAPES))
+    print(f"12. one-pixel code in the transformer's samples of the 60 prompts: the asked shape in "
+          f"{(said == want).float().mean():.1%} ({rows}, counted as {'/'.join(world.SHAPES)})")
 
 
 def fresh_latents(args, vae, parts, seed):

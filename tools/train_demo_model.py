@@ -164,7 +164,17 @@ def train_vae(args, work):
                            temperal_downsample=levels[1], dropout=0.0, scale_factor_spatial=args.vae_factor,
                            scale_factor_temporal=4)
     per_frame_init(vae)
-    opt = torch.optim.AdamW(vae.parameters(), lr=1.0, weight_decay=0.0)
+    params = list(vae.parameters())
+    # Linear read-outs of the shape and the colour from each latent pixel the object covers: they
+    # make the encoder write the shape into every such pixel's channels, as a colour is, rather
+    # than only into the 3x3 pattern of the pixels around the object, and keep the colours apart.
+    heads = {}
+    for what, weight, names in (("shape", args.vae_shape_code, world.SHAPES),
+                                ("colour", args.vae_colour_code, list(world.COLOURS))):
+        if weight > 0:
+            heads[what] = (torch.nn.Linear(args.z_dim, len(names)), weight, names)
+            params += list(heads[what][0].parameters())
+    opt = torch.optim.AdamW(params, lr=1.0, weight_decay=0.0)
     # Two phases. First single frames, 8 at a time (a ninth of the cost of a clip: the
     # convolutions learn to draw the shapes and colours), then 9-frame clips (one latent frame for
     # the first frame, two of four): the causal VAE's chunked path learns the motion, at half the
@@ -181,13 +191,13 @@ def train_vae(args, work):
         return peak * min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / n)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
-    losses, t0 = [], time.time()
+    losses, codes, t0 = [], [], time.time()
     bar = tqdm(range(total), desc="vae", dynamic_ncols=True)
     for step in bar:
         single = step < images
         if step == images:
             vae.save_pretrained(os.path.join(work, "vae-frames"))  # the per-frame model, for inspection
-        x, w, _ = clips(rng, 2 * args.vae_batch if single else args.vae_batch, 1 if single else 9)
+        x, w, parts = clips(rng, 2 * args.vae_batch if single else args.vae_batch, 1 if single else 9)
         # A deterministic autoencoder (the posterior's mean) decoded through noise of a fixed
         # share of each channel's spread: sampling with the initial unit variance drowns the
         # latents, and the decoder then learns the mean frame. The noise is what keeps the colours
@@ -202,22 +212,58 @@ def train_vae(args, work):
         rec = (w * (y - x) ** 2).mean()
         kl = (mu ** 2).mean()
         loss = rec + 1e-4 * kl
+        code = torch.zeros(())
+        for what, (head, weight, names) in heads.items():
+            labels = torch.tensor([names.index(p[1] if what == "shape" else p[0]) for p in parts])
+            c = code_loss(head, x, mu, spread, args.vae_code_noise, labels)
+            loss = loss + weight * c
+            code = code + c.detach()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(rec.item())
-        bar.set_postfix(rec=f"{np.mean(losses[-20:]):.4f}", z2=f"{kl.item():.2f}")
+        codes.append(code.item())
+        bar.set_postfix(rec=f"{np.mean(losses[-20:]):.4f}", z2=f"{kl.item():.2f}",
+                        **({"code": f"{np.mean(codes[-20:]):.3f}"} if heads else {}))
         if step % 200 == 0 or step == total - 1:
             log(f"vae step {step} ({'frames' if single else 'clips'}): weighted reconstruction mse "
-                f"{np.mean(losses[-20:]):.5f}")
+                f"{np.mean(losses[-20:]):.5f}" + (f", code read-outs {np.mean(codes[-20:]):.4f}" if heads else ""))
     vae.save_pretrained(path)
     info = {"frame_steps": images, "frame_batch": 2 * args.vae_batch, "clip_steps": args.vae_steps,
             "clip_batch": args.vae_batch, "clip_frames": 9, "latent_noise": args.vae_latent_noise, "seconds": round(time.time() - t0, 1),
             "final_weighted_mse": round(float(np.mean(losses[-50:])), 5)}
+    if heads:
+        info.update(shape_code=args.vae_shape_code, colour_code=args.vae_colour_code, code_noise=args.vae_code_noise,
+                    final_code_cross_entropy=round(float(np.mean(codes[-20:])), 4))
     json.dump(info, open(os.path.join(work, "vae_losses.json"), "w"))
     return vae, info
+
+
+def object_coverage(x, latent_shape):
+    """The share of each latent pixel's frames and pixels that the object covers: x [B, 3, F, H, W]
+    in [-1, 1], latent_shape (T, h, w) of the causal VAE (frame 0 alone, then groups of frames)."""
+    bg = torch.tensor(world.BACKGROUND, dtype=x.dtype).view(1, 3, 1, 1, 1) / 127.5 - 1.0
+    m = ((x - bg).norm(dim=1, keepdim=True) * 127.5 > 60.0).float()
+    t, h, w = latent_shape
+    first = torch.nn.functional.adaptive_avg_pool3d(m[:, :, :1], (1, h, w))
+    if t == 1:
+        return first[:, 0]
+    rest = torch.nn.functional.adaptive_avg_pool3d(m[:, :, 1:], (t - 1, h, w))
+    return torch.cat([first, rest], dim=2)[:, 0]
+
+
+def code_loss(head, x, mu, spread, noise, labels):
+    """Cross-entropy of the clips' labels [B] (shape or colour) read from each latent pixel the object
+    covers at least a third of, through noise of `noise` x each channel's spread (so the code
+    must stand well clear of it)."""
+    cover = object_coverage(x, mu.shape[2:])  # [B, T, h, w]
+    z = mu + noise * spread * torch.randn_like(mu)
+    logits = head(z.permute(0, 2, 3, 4, 1))  # [B, T, h, w, shapes]
+    labels = labels.view(-1, 1, 1, 1).expand_as(cover)
+    keep = cover >= 1 / 3
+    return torch.nn.functional.cross_entropy(logits[keep], labels[keep])
 
 
 @torch.no_grad()
@@ -645,6 +691,12 @@ def parser():
     ap.add_argument("--vae-factor", type=int, default=4, choices=(4, 8), help="the VAE's spatial downsampling (Wan2.1's: 8)")
     ap.add_argument("--z-dim", type=int, default=4, help="latent channels, the transformer's in and out channels (Wan2.1's: 16)")
     ap.add_argument("--vae-batch", type=int, default=4)
+    ap.add_argument("--vae-shape-code", type=float, default=0.0,
+                    help="weight of a loss that makes every latent pixel the object covers say its shape")
+    ap.add_argument("--vae-colour-code", type=float, default=0.0,
+                    help="weight of a loss that makes every latent pixel the object covers say its colour")
+    ap.add_argument("--vae-code-noise", type=float, default=1.0,
+                    help="noise (x each channel's spread) the read-outs see the latents through")
     ap.add_argument("--vae-latent-noise", type=float, default=0.3,
                     help="noise added to the latents before decoding, as a share of each channel's spread")
     ap.add_argument("--clips", type=int, default=2400)
