@@ -208,7 +208,14 @@ def train_vae(args, work):
         # The penalty keeps the latents' scale bounded.
         mu = vae.encode(x).latent_dist.mode()
         spread = mu.detach().std(dim=(0, 2, 3, 4), keepdim=True)
-        y = vae.decode(mu + args.vae_latent_noise * spread * torch.randn_like(mu)).sample
+        z = mu
+        if args.vae_blur > 0:
+            # A share of the frames is decoded from spatially blurred latents: the 3x3 pattern at the
+            # object is then gone, and only what every latent pixel of the object says (as a colour
+            # is said) can give the decoder the shape.
+            blurred = (torch.rand(mu.shape[0]) < args.vae_blur_share).view(-1, 1, 1, 1, 1)
+            z = torch.where(blurred, blur_latents(mu, args.vae_blur), mu)
+        y = vae.decode(z + args.vae_latent_noise * spread * torch.randn_like(mu)).sample
         rec = (w * (y - x) ** 2).mean()
         kl = (mu ** 2).mean()
         loss = rec + 1e-4 * kl
@@ -234,11 +241,25 @@ def train_vae(args, work):
     info = {"frame_steps": images, "frame_batch": 2 * args.vae_batch, "clip_steps": args.vae_steps,
             "clip_batch": args.vae_batch, "clip_frames": 9, "latent_noise": args.vae_latent_noise, "seconds": round(time.time() - t0, 1),
             "final_weighted_mse": round(float(np.mean(losses[-50:])), 5)}
+    if args.vae_blur > 0:
+        info.update(blur=args.vae_blur, blur_share=args.vae_blur_share)
     if heads:
         info.update(shape_code=args.vae_shape_code, colour_code=args.vae_colour_code, code_noise=args.vae_code_noise,
                     final_code_cross_entropy=round(float(np.mean(codes[-20:])), 4))
     json.dump(info, open(os.path.join(work, "vae_losses.json"), "w"))
     return vae, info
+
+
+def blur_latents(z, sigma):
+    """z [B, C, T, h, w] blurred over each latent frame's pixels by a Gaussian of `sigma` latent
+    pixels (edges replicated: the border is background)."""
+    r = max(1, math.ceil(2 * sigma))
+    t = torch.arange(-r, r + 1, dtype=z.dtype)
+    k = torch.exp(-t ** 2 / (2 * sigma ** 2))
+    k = k / k.sum()
+    y = torch.nn.functional.pad(z.flatten(0, 2)[:, None], (r, r, r, r), mode="replicate")
+    y = torch.nn.functional.conv2d(torch.nn.functional.conv2d(y, k.view(1, 1, 1, -1)), k.view(1, 1, -1, 1))
+    return y[:, 0].view_as(z)
 
 
 def object_coverage(x, latent_shape):
@@ -267,15 +288,18 @@ def code_loss(head, x, mu, spread, noise, labels):
 
 
 @torch.no_grad()
-def check_vae(vae, seed, n=60):
-    """The judge on VAE reconstructions of n fresh 17-frame clips: what the decoder can show at best."""
+def check_vae(vae, seed, n=60, blur=0.0):
+    """The judge on VAE reconstructions of n fresh 17-frame clips: what the decoder can show at best
+    (with `blur` > 0, decoded from latents blurred as training blurred them: what every latent
+    pixel of the object says on its own)."""
     rng = np.random.default_rng(seed)
     tally = {"colour_ok": 0, "shape_ok": 0, "direction_ok": 0}
     for i in range(n):
         c, s, d = list(world.COLOURS)[i % 5], world.SHAPES[i % 3], list(world.DIRECTIONS)[i % 4]
         video, _ = world.render_clip(c, s, d, FRAMES, HEIGHT, WIDTH, rng)
         x = torch.from_numpy(video).permute(3, 0, 1, 2).float()[None] / 127.5 - 1.0
-        y = vae.decode(vae.encode(x).latent_dist.mode()).sample[0].clamp(-1, 1)
+        z = vae.encode(x).latent_dist.mode()
+        y = vae.decode(blur_latents(z, blur) if blur > 0 else z).sample[0].clamp(-1, 1)
         frames = ((y.permute(1, 2, 3, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
         r = world.judge(frames, world.prompt(c, s, d))
         for k in tally:
@@ -498,6 +522,16 @@ def train_transformer(args, work, base, data, vae):
         near = torch.nn.functional.max_pool2d(near.float().flatten(0, 1)[:, None], 3, 1, 1).view(near.shape)
         pixel_weight = 1.0 + args.object_weight * near[:, None]  # [N, 1, T, H, W]
     model = demo_transformer(args, data["z"].shape[1])
+    if args.cross_attn_gain != 1.0:
+        # WanPipeline pads every prompt to 512 tokens with zeros, so ~500 equal padding keys face the
+        # prompt's ~13 and, with q and k RMS-normalised (logits about N(0, 1) at init), the prompt gets
+        # a few percent of each head's attention (4-15% in most heads of the 8-layer model, trained).
+        # Scaling the cross-attention's q and k norms' weights scales every logit: the prompt's
+        # tokens can then outbid the padding's log(500) head start.
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn2.norm_q.weight.mul_(math.sqrt(args.cross_attn_gain))
+                block.attn2.norm_k.weight.mul_(math.sqrt(args.cross_attn_gain))
     before = {}
     if done:  # --dit-more: go on from the saved (averaged) weights for another --dit-steps
         model = WanTransformer3DModel.from_pretrained(path)
@@ -613,7 +647,7 @@ def train_transformer(args, work, base, data, vae):
     info = {"steps": args.dit_steps + before.get("steps", 0), "batch": args.dit_batch,
             "seconds": round(time.time() - t0 + before.get("seconds", 0), 1), "rounds": before.get("rounds", 1) + bool(done),
             "final_mse": round(float(np.mean(losses[-200:])), 5), "prompt_dropout": DROP_PROMPT,
-            "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "watched": watched,
+            "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "cross_attn_gain": args.cross_attn_gain, "watched": watched,
             "colour_balance": before.get("colour_balance", []) + [args.balance_colours],
             "object_weight": before.get("object_weight", [0.0] * before.get("rounds", 0)) + [args.object_weight],
             "shape_twins": before.get("shape_twins", [False] * before.get("rounds", 0)) + [bool(twins)],
@@ -699,6 +733,9 @@ def parser():
                     help="noise (x each channel's spread) the read-outs see the latents through")
     ap.add_argument("--vae-latent-noise", type=float, default=0.3,
                     help="noise added to the latents before decoding, as a share of each channel's spread")
+    ap.add_argument("--vae-blur", type=float, default=0.0,
+                    help="decode a share of the VAE's training frames from latents blurred by a Gaussian of this many latent pixels")
+    ap.add_argument("--vae-blur-share", type=float, default=0.5, help="the share of frames --vae-blur blurs")
     ap.add_argument("--clips", type=int, default=2400)
     ap.add_argument("--dit-steps", type=int, default=12000)
     ap.add_argument("--dit-more", action="store_true", help="train the saved transformer for --dit-steps more")
@@ -731,6 +768,8 @@ def parser():
                     help="clips as scenes drawn in all three shapes; each training batch pairs two shapes of a scene")
     ap.add_argument("--twin-loss", type=float, default=0.0,
                     help="with --shape-twins: weight of the share of the twins' difference their predictions miss")
+    ap.add_argument("--cross-attn-gain", type=float, default=1.0,
+                    help="scale the cross-attention's initial logits by this (its q and k norms' weights by the root)")
     ap.add_argument("--ema", type=float, default=0.999)
     ap.add_argument("--flow-shift", type=float, default=3.0)
     ap.add_argument("--latent-scale", type=float, default=1.0,
@@ -768,6 +807,10 @@ def main():
         vae_info["reconstruction_check"] = check_vae(vae, args.seed + 3)
         json.dump(vae_info, open(os.path.join(args.work, "vae_losses.json"), "w"))
     log(f"the judge on VAE reconstructions of 60 clips: {vae_info['reconstruction_check']}")
+    if args.vae_blur > 0 and "blurred_reconstruction_check" not in vae_info:
+        vae_info["blurred_reconstruction_check"] = check_vae(vae, args.seed + 3, blur=args.vae_blur)
+        json.dump(vae_info, open(os.path.join(args.work, "vae_losses.json"), "w"))
+        log(f"the judge on them decoded from blurred latents: {vae_info['blurred_reconstruction_check']}")
     data = encode_latents(args, args.work, vae)
     # Per-channel statistics are mostly the background's (with the 8x VAE the object was ~6% of latent pixels, at
     # ~3.7 of those std), so normalised latents hold the object far out of unit noise until sigma
