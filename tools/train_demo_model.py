@@ -212,7 +212,9 @@ def train_vae(args, work):
         if args.vae_blur > 0:
             # A share of the frames is decoded from spatially blurred latents: the 3x3 pattern at the
             # object is then gone, and only what every latent pixel of the object says (as a colour
-            # is said) can give the decoder the shape.
+            # is said) can give the decoder the shape. Tried at 1.0 with 4 layers: the pixels then
+            # carry the shape in 70% of blurred reconstructions, but the transformer draws it in
+            # 41% of videos, as without (docs/benchmarks.md, 2026-12-06 (later)).
             blurred = (torch.rand(mu.shape[0]) < args.vae_blur_share).view(-1, 1, 1, 1, 1)
             z = torch.where(blurred, blur_latents(mu, args.vae_blur), mu)
         y = vae.decode(z + args.vae_latent_noise * spread * torch.randn_like(mu)).sample
@@ -524,10 +526,12 @@ def train_transformer(args, work, base, data, vae):
     model = demo_transformer(args, data["z"].shape[1])
     if args.cross_attn_gain != 1.0:
         # WanPipeline pads every prompt to 512 tokens with zeros, so ~500 equal padding keys face the
-        # prompt's ~13 and, with q and k RMS-normalised (logits about N(0, 1) at init), the prompt gets
-        # a few percent of each head's attention (4-15% in most heads of the 8-layer model, trained).
-        # Scaling the cross-attention's q and k norms' weights scales every logit: the prompt's
-        # tokens can then outbid the padding's log(500) head start.
+        # prompt's ~13 and, with q and k RMS-normalised (logits about N(0, 1) at init), the prompt
+        # starts with a few percent of each head's attention (the shipped model, trained: a tenth or
+        # less in most heads from sigma 0.6 down; probe 13). Scaling the cross-attention's q and k
+        # norms' weights scales every logit: the prompt's tokens can then outbid the padding's
+        # log(500) head start. Tried at 4 with 4 layers: the trained model ends with similar shares
+        # and the same shape, 40% (docs/benchmarks.md, 2026-12-06 (later)).
         with torch.no_grad():
             for block in model.blocks:
                 block.attn2.norm_q.weight.mul_(math.sqrt(args.cross_attn_gain))
@@ -647,7 +651,9 @@ def train_transformer(args, work, base, data, vae):
     info = {"steps": args.dit_steps + before.get("steps", 0), "batch": args.dit_batch,
             "seconds": round(time.time() - t0 + before.get("seconds", 0), 1), "rounds": before.get("rounds", 1) + bool(done),
             "final_mse": round(float(np.mean(losses[-200:])), 5), "prompt_dropout": DROP_PROMPT,
-            "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "cross_attn_gain": args.cross_attn_gain, "watched": watched,
+            "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "watched": watched,
+            # the gain shapes a fresh model only: a --dit-more round keeps the first round's
+            "cross_attn_gain": before.get("cross_attn_gain", 1.0) if done else args.cross_attn_gain,
             "colour_balance": before.get("colour_balance", []) + [args.balance_colours],
             "object_weight": before.get("object_weight", [0.0] * before.get("rounds", 0)) + [args.object_weight],
             "shape_twins": before.get("shape_twins", [False] * before.get("rounds", 0)) + [bool(twins)],
