@@ -178,7 +178,6 @@ def probe_text_attention(model, z, parts, folder, n=48):
               return_dict=False)
         rows = "; ".join(f"{pr.shares[0].mean():.2f} ({pr.shares[0].min():.2f}-{pr.shares[0].max():.2f})" for pr in procs)
         print(f"13. text attention: sigma {s}: the prompt's share per layer, mean over heads (range): {rows}")
-    train.use_compact_text(model)
 
 
 def object_pixel(z, background):
