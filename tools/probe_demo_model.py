@@ -50,6 +50,12 @@
      goes to the prompt's tokens rather than to WanPipeline's zero padding (to 512 tokens), on 48
      clips with their own prompts noised to sigma 0.9, 0.6 and 0.3: how loudly each layer hears
      the prompt (train_demo_model.py --cross-attn-gain).
+ 14. window code (--window-code 4): probe 12 with the pattern, not one pixel: a linear classifier of
+     the shape from the 5x5 latent pixels around the object's farthest pixel in every latent frame
+     (less the background), trained on the latents file's first 80% of clips and scored on the
+     rest; then the 60 prompts sampled with N seeds (as probe 12) and, for each sample, the
+     classifier's verdict against the prompt's shape beside the judge's on the decoded video (the
+     model folder's VAE): whether the transformer writes a shape the decoder then does not draw.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -82,6 +88,7 @@ def main():
     ap.add_argument("--decode-noise", help="also probe 11 at these noise levels, e.g. 0.1,0.3,0.5")
     ap.add_argument("--pixel-code", action="store_true", help="also probe 12")
     ap.add_argument("--text-attention", action="store_true", help="also probe 13")
+    ap.add_argument("--window-code", type=int, metavar="SEEDS", help="also probe 14 with this many seeds per prompt")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -141,6 +148,8 @@ def main():
         probe_pixel_code(model, proc, z, d["parts"], args.model)
     if args.text_attention:
         probe_text_attention(model, z, d["parts"], args.model)
+    if args.window_code:
+        probe_window_code(model, proc, z, d["parts"], args.model, args.window_code)
     return 0
 
 
@@ -188,7 +197,7 @@ def object_pixel(z, background):
     return diff.gather(3, at[:, None, :, None].expand(-1, diff.shape[1], -1, 1))[..., 0].transpose(1, 2)
 
 
-def probe_pixel_code(model, proc, z, parts, folder, steps=20, shift=3.0, guidance=4.0):
+def probe_pixel_code(model, proc, z, parts, folder):
     background = train.background_latent(z)
     feats = object_pixel(z, background)
     n, t, c = feats.shape
@@ -206,25 +215,93 @@ def probe_pixel_code(model, proc, z, parts, folder, steps=20, shift=3.0, guidanc
         held = (lin(feats[split:].reshape(-1, c)).argmax(1) == labels[split:].repeat_interleave(t)).float().mean()
         print(f"12. one-pixel code: the shape read from the object's farthest latent pixel in {held:.1%} of "
               f"held-out frames (chance 33%)")
-        prompts = world.all_prompts()
-        emb, lens = train.text_embeddings(folder, [""] + prompts, torch.float32)
-        ctx, bias = train.compact_text(emb, lens)
+        xt, prompts = sample_prompts(model, proc, folder, tuple(z.shape[1:]))
         m = len(prompts)
-        g = torch.Generator().manual_seed(0)
-        xt = torch.randn((m,) + tuple(z.shape[1:]), generator=g)
-        cond = torch.cat([ctx[1:], ctx[[0] * m]])
-        proc.bias = torch.cat([bias[1:], bias[[0] * m]])[:, None, None, :]
-        sig = torch.linspace(1.0, 0.0, steps + 1)
-        sig = shift * sig / (1 + (shift - 1) * sig)
-        for i in range(steps):
-            v = model(torch.cat([xt, xt]), torch.full((2 * m,), float(sig[i]) * 1000.0), cond, return_dict=False)[0]
-            xt = xt + (sig[i + 1] - sig[i]) * (v[m:] + guidance * (v[:m] - v[m:]))
         said = lin(object_pixel(xt, background).reshape(-1, c)).argmax(1).view(m, -1).mode(dim=1).values
     want = torch.tensor([world.SHAPES.index(world.parse_prompt(p)[1]) for p in prompts])
     rows = ", ".join(f"{s} as {'/'.join(str(int((said[want == k] == j).sum())) for j in range(len(world.SHAPES)))}"
                      for k, s in enumerate(world.SHAPES))
     print(f"12. one-pixel code in the transformer's samples of the 60 prompts: the asked shape in "
           f"{(said == want).float().mean():.1%} ({rows}, counted as {'/'.join(world.SHAPES)})")
+
+
+@torch.no_grad()
+def sample_prompts(model, proc, folder, latent, seeds=1, steps=20, shift=3.0, guidance=4.0, batch=60):
+    """The 60 prompts sampled `seeds` times (Euler, shifted sigmas, guidance; the noise of all
+    samples drawn at once from seed 0, prompt by prompt within each seed): normalised latents
+    [60 * seeds, *latent] and the prompt of each."""
+    prompts = world.all_prompts() * seeds
+    emb, lens = train.text_embeddings(folder, [""] + world.all_prompts(), torch.float32)
+    ctx, bias = train.compact_text(emb, lens)
+    rows = [1 + i % 60 for i in range(len(prompts))]
+    xt = torch.randn((len(prompts),) + latent, generator=torch.Generator().manual_seed(0))
+    sig = torch.linspace(1.0, 0.0, steps + 1)
+    sig = shift * sig / (1 + (shift - 1) * sig)
+    out = []
+    for a in range(0, len(prompts), batch):
+        x, r = xt[a:a + batch], rows[a:a + batch]
+        m = len(r)
+        cond = torch.cat([ctx[r], ctx[[0] * m]])
+        proc.bias = torch.cat([bias[r], bias[[0] * m]])[:, None, None, :]
+        for i in range(steps):
+            v = model(torch.cat([x, x]), torch.full((2 * m,), float(sig[i]) * 1000.0), cond, return_dict=False)[0]
+            x = x + (sig[i + 1] - sig[i]) * (v[m:] + guidance * (v[:m] - v[m:]))
+        out.append(x)
+    return torch.cat(out), prompts
+
+
+def object_window(z, background, r=2):
+    """[N, C * T * (2r+1)^2]: in every latent frame, the (2r+1)^2 latent pixels around the one
+    farthest from the background (zero past the frame's edge), less the background."""
+    diff = z - background[None, :, :, None, None]
+    n, c, t, h, w = diff.shape
+    at = diff.norm(dim=1).flatten(2).argmax(dim=-1)  # [N, T]
+    padded = torch.nn.functional.pad(diff, (r, r, r, r))
+    out = torch.empty(n, c, t, 2 * r + 1, 2 * r + 1)
+    for i in range(n):
+        for f in range(t):
+            y, x = divmod(int(at[i, f]), w)
+            out[i, :, f] = padded[i, :, f, y:y + 2 * r + 1, x:x + 2 * r + 1]
+    return out.flatten(1)
+
+
+def probe_window_code(model, proc, z, parts, folder, seeds):
+    from diffusers import AutoencoderKLWan
+
+    background = train.background_latent(z)
+    feats = object_window(z, background)
+    labels = torch.tensor([world.SHAPES.index(p[1]) for p in parts])
+    split = len(parts) * 4 // 5
+    mu, sd = feats[:split].mean(0), feats[:split].std(0) + 1e-6
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(feats.shape[1], len(world.SHAPES))
+    opt = torch.optim.Adam(lin.parameters(), 1e-2)
+    for _ in range(1000):
+        opt.zero_grad()
+        (torch.nn.functional.cross_entropy(lin((feats[:split] - mu) / sd), labels[:split])
+         + 1e-3 * lin.weight.pow(2).sum()).backward()
+        opt.step()
+    with torch.no_grad():
+        held = (lin((feats[split:] - mu) / sd).argmax(1) == labels[split:]).float().mean()
+        print(f"14. window code: the shape read from the 5x5 latent pixels around the object in {held:.1%} of "
+              f"held-out clips (chance 33%)")
+        xt, prompts = sample_prompts(model, proc, folder, tuple(z.shape[1:]), seeds=seeds)
+        said = lin((object_window(xt, background) - mu) / sd).argmax(1)
+        vae = AutoencoderKLWan.from_pretrained(os.path.join(folder, "vae")).float().eval()
+        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+        judged = [world.judge(decoded(vae, xt[i:i + 1], mean, std), p)["shape"] for i, p in enumerate(prompts)]
+    want = torch.tensor([world.SHAPES.index(world.parse_prompt(p)[1]) for p in prompts])
+    drawn = torch.tensor([world.SHAPES.index(s) if s else -1 for s in judged])
+
+    def rows(got):
+        return ", ".join(f"{s} as {'/'.join(str(int((got[want == k] == j).sum())) for j in range(len(world.SHAPES)))}"
+                         for k, s in enumerate(world.SHAPES))
+    print(f"14. window code in the transformer's {len(prompts)} samples: the classifier reads the asked shape in "
+          f"{(said == want).float().mean():.1%} ({rows(said)}); the judge sees it in the decoded videos in "
+          f"{(drawn == want).float().mean():.1%} ({rows(drawn)}); counted as {'/'.join(world.SHAPES)}")
+    both = ((said == want) & (drawn != want)).sum()
+    print(f"14. window code: {int(both)} samples written in the asked shape (classifier) but drawn in another (judge)")
 
 
 def fresh_latents(args, vae, parts, seed):
