@@ -79,15 +79,18 @@ def clips(rng, n, frames, twins=False):
         for s in world.SHAPES if twins else (s,):
             rng.bit_generator.state = state
             video, _ = world.render_clip(c, s, d, frames, HEIGHT, WIDTH, rng)
-            x = torch.from_numpy(video).permute(3, 0, 1, 2).float() / 127.5 - 1.0
-            # Object pixels (and a pixel around them) weigh 25x more: the object is ~3% of the
-            # frame, and at equal weight the autoencoder first learns to draw the background alone.
-            m = torch.from_numpy(world.object_mask(video, threshold=20.0)).float()[None, None]
-            m = torch.nn.functional.max_pool3d(m, (1, 3, 3), 1, (0, 1, 1))[0]
-            xs.append(x)
-            ws.append(1.0 + 24.0 * m)
+            xs.append(torch.from_numpy(video).permute(3, 0, 1, 2).float() / 127.5 - 1.0)
+            ws.append(object_weights(video))
             parts.append((c, s, d))
     return torch.stack(xs), torch.stack(ws), parts
+
+
+def object_weights(video):
+    """The reconstruction loss's weights [1, F, H, W] for uint8 frames [F, H, W, 3]: object pixels
+    (and a pixel around them) weigh 25x more. The object is ~3% of the frame, and at equal weight
+    the autoencoder first learns to draw the background alone."""
+    m = torch.from_numpy(world.object_mask(video, threshold=20.0)).float()[None, None]
+    return 1.0 + 24.0 * torch.nn.functional.max_pool3d(m, (1, 3, 3), 1, (0, 1, 1))[0]
 
 
 def make_base(args, base):
