@@ -449,6 +449,25 @@ def use_compact_text(model):
     return proc
 
 
+def shifted_sigmas(steps=20, shift=3.0):
+    """The sampler's grid: steps + 1 sigmas from 1 to 0, shifted as the flow-matching schedulers do."""
+    s = torch.linspace(1.0, 0.0, steps + 1)
+    return shift * s / (1 + (shift - 1) * s)
+
+
+@torch.no_grad()
+def euler(model, proc, x, cond, bias, sig, start=0, guidance=4.0):
+    """Normalised latents x [n, ...] sampled by Euler steps from sig[start] to sig[-1] with
+    classifier-free guidance: cond and bias (for `proc`) hold the n prompts' rows, then n rows of
+    the empty prompt."""
+    n = x.shape[0]
+    for i in range(start, len(sig) - 1):
+        proc.bias = bias
+        v = model(torch.cat([x, x]), torch.full((2 * n,), float(sig[i]) * 1000.0), cond, return_dict=False)[0]
+        x = x + (sig[i + 1] - sig[i]) * (v[n:] + guidance * (v[:n] - v[n:]))
+    return x
+
+
 @torch.no_grad()
 def sample_check(model, vae, data, ctx, bias, prompts, steps=20, guidance=4.0, shift=3.0, seed=0):
     """The judge on videos the model samples (Euler flow matching, shifted sigmas, guidance, one
@@ -459,15 +478,8 @@ def sample_check(model, vae, data, ctx, bias, prompts, steps=20, guidance=4.0, s
     n = len(rows)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((n,) + tuple(data["z"].shape[1:]), generator=g)
-    c = torch.cat([ctx[rows], ctx[[0] * n]])
-    b = torch.cat([bias[rows], bias[[0] * n]])[:, None, None, :]
-    sig = torch.linspace(1.0, 0.0, steps + 1)
-    sig = shift * sig / (1 + (shift - 1) * sig)
-    for i in range(steps):
-        proc.bias = b
-        v = model(torch.cat([x, x]), torch.full((2 * n,), float(sig[i]) * 1000.0), c, return_dict=False)[0]
-        v = v[n:] + guidance * (v[:n] - v[n:])
-        x = x + (sig[i + 1] - sig[i]) * v
+    x = euler(model, proc, x, torch.cat([ctx[rows], ctx[[0] * n]]),
+              torch.cat([bias[rows], bias[[0] * n]])[:, None, None, :], shifted_sigmas(steps, shift), guidance=guidance)
     z = x * data["std"].view(1, -1, 1, 1, 1) + data["mean"].view(1, -1, 1, 1, 1)
     tally = {"colour_ok": 0, "shape_ok": 0, "direction_ok": 0}
     for j in range(n):

@@ -38,37 +38,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import demo_world as world  # noqa: E402
 import train_demo_model as train  # noqa: E402
 
-STEPS, SHIFT, GUIDANCE = 20, 3.0, 4.0
-
-
-def sigmas():
-    s = torch.linspace(1.0, 0.0, STEPS + 1)
-    return SHIFT * s / (1 + (SHIFT - 1) * s)
-
-
-def euler(model, proc, x, cond, bias, start):
-    """Sample normalised latents x (the first half of cond/bias the prompts, the second the empty
-    one) from grid step `start` to the end."""
-    sig, n = sigmas(), x.shape[0]
-    for i in range(start, STEPS):
-        proc.bias = bias
-        v = model(torch.cat([x, x]), torch.full((2 * n,), float(sig[i]) * 1000.0), cond, return_dict=False)[0]
-        x = x + (sig[i + 1] - sig[i]) * (v[n:] + GUIDANCE * (v[:n] - v[n:]))
-    return x
-
-
 @torch.no_grad()
 def clip_pairs(model, proc, vae, ctx, bias, mean, std, rng, n):
     zs, xs, ws = [], [], []
-    sig = sigmas()
+    sig = train.shifted_sigmas()
     for _ in range(n // 8):
         x, w, parts = train.clips(rng, 8, train.FRAMES)
         z = (vae.encode(x).latent_dist.mode() - mean) / std
         start = int(rng.integers(8, 19))
         xt = (1 - sig[start]) * z + sig[start] * torch.randn_like(z)
         rows = [1 + world.all_prompts().index(world.prompt(*p)) for p in parts]
-        xt = euler(model, proc, xt, torch.cat([ctx[rows], ctx[[0] * 8]]),
-                   torch.cat([bias[rows], bias[[0] * 8]])[:, None, None, :], start)
+        xt = train.euler(model, proc, xt, torch.cat([ctx[rows], ctx[[0] * 8]]),
+                         torch.cat([bias[rows], bias[[0] * 8]])[:, None, None, :], sig, start)
         zs.append(xt * std + mean)
         xs.append(x[:, :, ::4])
         ws.append(w[:, :, ::4])
@@ -88,8 +69,8 @@ def sample_pairs(model, proc, vae, ctx, bias, mean, std, seeds):
     zs, targets, weights = [], [], []
     for _ in range(seeds):
         x = torch.randn((60, vae.config.z_dim, 5, h // 4, w // 4), generator=g)
-        z = euler(model, proc, x, torch.cat([ctx[1:61], ctx[[0] * 60]]),
-                  torch.cat([bias[1:61], bias[[0] * 60]])[:, None, None, :], 0) * std + mean
+        z = train.euler(model, proc, x, torch.cat([ctx[1:61], ctx[[0] * 60]]),
+                        torch.cat([bias[1:61], bias[[0] * 60]])[:, None, None, :], train.shifted_sigmas()) * std + mean
         for j, (colour, shape, _) in enumerate(parts):
             for k in range(z.shape[2]):
                 y = vae.decode(z[j:j + 1, :, k:k + 1]).sample[0, :, 0].clamp(-1, 1)
