@@ -23,6 +23,8 @@ SHAPES = ("circle", "square", "triangle")
 # How far the object travels over a clip, as a share of the frame along its direction (drawn
 # uniformly from this range per clip).
 TRAVEL = (0.36, 0.68)
+# The object's width, as a share of a sixth of the frame's shorter side (drawn per clip).
+SIZE = (0.9, 1.15)
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows down
 
 # Share of its bounding box an ideal shape fills: square 1, circle pi/4, triangle 1/2.
@@ -70,6 +72,18 @@ def _coverage(shape, cx, cy, size, xs, ys):
     return (t >= 0) & (t <= 1) & (np.abs(xs - cx) <= h * t)
 
 
+def draw_frame(colour, shape, cx, cy, size, height, width, supersample=4):
+    """uint8 [height, width, 3]: the shape centred at (cx, cy), `size` wide, on the background,
+    its edge pixels blended by the share of supersample x supersample points inside it."""
+    s = supersample
+    ys, xs = np.mgrid[0:height * s, 0:width * s].astype(np.float64)
+    xs, ys = (xs + 0.5) / s, (ys + 0.5) / s
+    fg = np.array(COLOURS[colour], np.float64)
+    bg = np.array(BACKGROUND, np.float64)
+    cov = _coverage(shape, cx, cy, size, xs, ys).reshape(height, s, width, s).mean(axis=(1, 3))
+    return np.rint(bg + (fg - bg) * cov[..., None]).astype(np.uint8)
+
+
 def render_clip(colour, shape, direction, frames, height, width, rng, supersample=4):
     """uint8 [frames, height, width, 3] and the object's centre per frame ([frames, 2], x and y).
 
@@ -77,7 +91,7 @@ def render_clip(colour, shape, direction, frames, height, width, rng, supersampl
     travels a share of the frame in TRAVEL along its direction, and stays whole in every frame.
     """
     side = min(height, width)
-    size = side / 6.0 * rng.uniform(0.9, 1.15)
+    size = side / 6.0 * rng.uniform(*SIZE)
     dx, dy = DIRECTIONS[direction]
     along = width if dx else height
     across = height if dx else width
@@ -88,18 +102,12 @@ def render_clip(colour, shape, direction, frames, height, width, rng, supersampl
     if dx < 0 or dy < 0:
         start = along - start  # moving towards 0: start near the far edge
     cross = rng.uniform(margin, across - margin)
-    s = supersample
-    ys, xs = np.mgrid[0:height * s, 0:width * s].astype(np.float64)
-    xs, ys = (xs + 0.5) / s, (ys + 0.5) / s
-    fg = np.array(COLOURS[colour], np.float64)
-    bg = np.array(BACKGROUND, np.float64)
     out = np.empty((frames, height, width, 3), np.uint8)
     centres = np.empty((frames, 2))
     for f in range(frames):
         pos = start + (dx + dy) * travel * f / max(frames - 1, 1)
         cx, cy = (pos, cross) if dx else (cross, pos)
-        cov = _coverage(shape, cx, cy, size, xs, ys).reshape(height, s, width, s).mean(axis=(1, 3))
-        out[f] = np.rint(bg + (fg - bg) * cov[..., None]).astype(np.uint8)
+        out[f] = draw_frame(colour, shape, cx, cy, size, height, width, supersample)
         centres[f] = (cx, cy)
     return out, centres
 

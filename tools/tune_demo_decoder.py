@@ -62,10 +62,7 @@ def sample_pairs(model, proc, vae, ctx, bias, mean, std, seeds):
     parts = [world.parse_prompt(p) for p in world.all_prompts()]
     g = torch.Generator().manual_seed(456)
     h, w = train.HEIGHT, train.WIDTH
-    ys, xs = np.mgrid[0:h * 4, 0:w * 4].astype(np.float64)
-    xs, ys = (xs + 0.5) / 4, (ys + 0.5) / 4
-    bg = np.array(world.BACKGROUND, np.float64)
-    lo, hi = min(h, w) / 6.0 * 0.9, min(h, w) / 6.0 * 1.15  # render_clip's sizes
+    lo, hi = (min(h, w) / 6.0 * k for k in world.SIZE)  # render_clip's sizes
     zs, targets, weights = [], [], []
     for _ in range(seeds):
         x = torch.randn((60, vae.config.z_dim, 5, h // 4, w // 4), generator=g)
@@ -80,8 +77,7 @@ def sample_pairs(model, proc, vae, ctx, bias, mean, std, seeds):
                 yy, xx = np.nonzero(m)
                 size = float(np.clip(((xx.max() - xx.min() + 1) + (yy.max() - yy.min() + 1)) / 2, lo, hi))
                 cx, cy = (xx.max() + xx.min() + 1) / 2, (yy.max() + yy.min() + 1) / 2
-                cov = world._coverage(shape, cx, cy, size, xs, ys).reshape(h, 4, w, 4).mean(axis=(1, 3))
-                frame = np.rint(bg + (np.array(world.COLOURS[colour], np.float64) - bg) * cov[..., None]).astype(np.uint8)
+                frame = world.draw_frame(colour, shape, cx, cy, size, h, w)
                 zs.append(z[j, :, k:k + 1])
                 targets.append((torch.from_numpy(frame).permute(2, 0, 1).float() / 127.5 - 1.0)[:, None])
                 weights.append(train.object_weights(frame[None]))
