@@ -58,6 +58,10 @@
      model folder's VAE), and the median fill of the object's box per asked shape in the samples
      and in 90 real clips decoded: whether the transformer writes a shape the decoder then does
      not draw.
+ 15. fresh gap (--fresh-gap 192): the flow-matching loss on the latents file's first N clips (the
+     transformer was trained on them) against N fresh clips of the same prompts (demo_world, seed
+     777, encoded by the model folder's VAE), with the same noise, at sigma 0.2-0.95: how much the
+     model has learnt its training clips rather than the world.
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
@@ -92,6 +96,7 @@ def main():
     ap.add_argument("--pixel-code", action="store_true", help="also probe 12")
     ap.add_argument("--text-attention", action="store_true", help="also probe 13")
     ap.add_argument("--window-code", type=int, metavar="SEEDS", help="also probe 14 with this many seeds per prompt")
+    ap.add_argument("--fresh-gap", type=int, metavar="N", help="also probe 15 on N training and N fresh clips")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from diffusers import WanTransformer3DModel
@@ -153,6 +158,8 @@ def main():
         probe_text_attention(model, z, d["parts"], args.model)
     if args.window_code:
         probe_window_code(model, proc, z, d["parts"], args.model, args.window_code, d["mean"].view(1, -1, 1, 1, 1), std)
+    if args.fresh_gap:
+        probe_fresh_gap(args, model, proc, d, args.fresh_gap)
     return 0
 
 
@@ -324,6 +331,33 @@ def fresh_latents(args, vae, parts, seed):
         x0.append((vae.encode(x).latent_dist.mode() - mean) / std)
         ends.append(centres[-1])
     return torch.cat(x0), ends, mean, std
+
+
+@torch.no_grad()
+def probe_fresh_gap(args, model, proc, d, n, batch=64):
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae")).float().eval()
+    parts = d["parts"][:n]
+    fresh, _, mean, std = fresh_latents(args, vae, parts, seed=777)
+    seen = (d["z"][:n] - mean) / std  # normalised as the fresh ones: by the VAE config, as dlo does
+    emb, lens = train.text_embeddings(args.model, [world.prompt(*p) for p in parts], torch.float32)
+    ctx, bias = train.compact_text(emb, lens)
+    g = torch.Generator().manual_seed(0)
+    for s in (0.2, 0.4, 0.6, 0.8, 0.95):
+        noise = torch.randn(seen.shape, generator=g)
+        loss = []
+        for x0 in (seen, fresh):
+            total = 0.0
+            for i in range(0, n, batch):
+                rows = slice(i, i + batch)
+                proc.bias = bias[rows][:, None, None, :]
+                v = model((1 - s) * x0[rows] + s * noise[rows], torch.full((len(x0[rows]),), s * 1000.0), ctx[rows],
+                          return_dict=False)[0]
+                total += ((v - (noise[rows] - x0[rows])) ** 2).sum().item()
+            loss.append(total / noise.numel())
+        print(f"15. fresh gap: sigma {s}: loss on {n} training clips {loss[0]:.4f}, on {n} fresh clips of "
+              f"their prompts {loss[1]:.4f} ({100 * (loss[1] / loss[0] - 1):+.1f}%)")
 
 
 def decoded(vae, x, mean, std):
