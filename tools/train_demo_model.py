@@ -509,6 +509,27 @@ def demo_transformer(args, channels):
                                  qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
 
+def zero_init(model):
+    """DiT's adaLN-Zero start (Peebles & Xie 2023) in Wan's blocks, gates only: every block begins
+    as the identity and the model's output at zero. The gates of the self-attention and the
+    feed-forward (chunks 2 and 5 of each block's scale_shift_table and of the shared time_proj's
+    output), the cross-attention's output projection (Wan adds it ungated) and proj_out are set to
+    zero; the rest keeps diffusers' initialisation. The class, its config and its forward are
+    unchanged. Measured in docs/benchmarks.md ("DiT's zero start"): 3% lower loss, same shape."""
+    dim = model.config.num_attention_heads * model.config.attention_head_dim
+    with torch.no_grad():
+        proj = model.condition_embedder.time_proj
+        for k in (2, 5):
+            proj.weight[k * dim:(k + 1) * dim].zero_()
+            proj.bias[k * dim:(k + 1) * dim].zero_()
+        for block in model.blocks:
+            block.scale_shift_table[:, (2, 5)] = 0.0
+            block.attn2.to_out[0].weight.zero_()
+            block.attn2.to_out[0].bias.zero_()
+        model.proj_out.weight.zero_()
+        model.proj_out.bias.zero_()
+
+
 def train_transformer(args, work, base, data, vae):
     from diffusers import WanTransformer3DModel
     path = os.path.join(work, "transformer")
@@ -540,6 +561,8 @@ def train_transformer(args, work, base, data, vae):
         near = torch.nn.functional.max_pool2d(near.float().flatten(0, 1)[:, None], 3, 1, 1).view(near.shape)
         pixel_weight = 1.0 + args.object_weight * near[:, None]  # [N, 1, T, H, W]
     model = demo_transformer(args, data["z"].shape[1])
+    if args.init == "zero":
+        zero_init(model)
     if args.cross_attn_gain != 1.0:
         # WanPipeline pads every prompt to 512 tokens with zeros, so ~500 equal padding keys face the
         # prompt's ~13 and, with q and k RMS-normalised (logits about N(0, 1) at init), the prompt
@@ -670,6 +693,7 @@ def train_transformer(args, work, base, data, vae):
             "ema": args.ema, "clips": len(z), "lr": args.dit_lr, "watched": watched,
             # the gain shapes a fresh model only: a --dit-more round keeps the first round's
             "cross_attn_gain": before.get("cross_attn_gain", 1.0) if done else args.cross_attn_gain,
+            "init": before.get("init", "wan") if done else args.init,
             "colour_balance": before.get("colour_balance", []) + [args.balance_colours],
             "object_weight": before.get("object_weight", [0.0] * before.get("rounds", 0)) + [args.object_weight],
             "shape_twins": before.get("shape_twins", [False] * before.get("rounds", 0)) + [bool(twins)],
@@ -792,6 +816,9 @@ def parser():
                     help="with --shape-twins: weight of the share of the twins' difference their predictions miss")
     ap.add_argument("--cross-attn-gain", type=float, default=1.0,
                     help="scale the cross-attention's initial logits by this (its q and k norms' weights by the root)")
+    ap.add_argument("--init", choices=("wan", "zero"), default="wan",
+                    help="the transformer's start: diffusers' initialisation, or with its blocks' gates, "
+                         "cross-attention outputs and proj_out at zero (zero_init)")
     ap.add_argument("--ema", type=float, default=0.999)
     ap.add_argument("--flow-shift", type=float, default=3.0)
     ap.add_argument("--latent-scale", type=float, default=1.0,
