@@ -29,7 +29,8 @@ latents through noise (--vae-latent-noise) so that every colour lies well away f
 and from the others in the latent space the transformer samples in. The transformer has 8 layers
 (--layers): with 4 it learnt colour and direction but drew the shape in 40% of videos, with 8 in
 57% (lower loss at every step, 3.1 against 5.6 steps/s); 10 layers at width 128 drew it in 45%, and
-half the steps at twice the rate in 48% (50% on three times the clips).
+half the steps at twice the rate in 48% (50% on three times the clips, 50% from DiT's zero start,
+--init zero).
 Fixed seed; 83 minutes on 2 cores (VAE 13 min, latents 3, transformer 67). The same files come
 back on the same machine; on another CPU the floats differ, and with them the VAE (on an AMD EPYC
 of 2026-12-05 its colours lay nearer the background) and the time (about 100 minutes there, estimated):
