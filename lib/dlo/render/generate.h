@@ -20,6 +20,8 @@
 // Which rank renders a job never changes its video: latents come from a CPU generator seeded with
 // the job's seed alone, and every strategy and rank count computes the same block outputs.
 //
+// The work of the stages is a BatchWork (render/batch_work.h): the model's, or a test's fake.
+//
 // Faults: a job's own failure (its prompt, a computation, the decode, writing its output) fails
 // that job alone (BlockComputeError inside the wave) and the batch goes on. A failure of the
 // transfers, or any other error on one rank once the wave runs (an I/O error writing
@@ -37,6 +39,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "dlo/config/job.h"
+#include "dlo/dist/device.h"
 #include "dlo/offload/memory_model.h"
 #include "dlo/pipeline/batch_plan.h"
 #include "dlo/pipeline/results.h"
@@ -45,30 +48,14 @@
 
 namespace dlo {
 
+class BatchWork;
 class MpiWorld;
-
-// Test hooks that make a part fail on purpose (the fault tests). -1: never.
-struct FaultHooks {
-  std::int64_t compute_job = -1, compute_step = -1;  // the job (manifest index) fails in that step (from 1)
-  std::int64_t compute_block = 0;                    // ... at that block (-1: the step's inputs, before the traversal)
-  int compute_rank = -1;                             // ... on this rank only (-1: every rank computing the job)
-  std::int64_t transfer_block = -1;                  // this block's transfer fails ...
-  int transfer_rank = -1;                            // ... on this rank (-1: every rank)
-  int topology_skew_rank = -1;                       // this rank claims groups one rank larger (the agreement's test)
-  std::int64_t io_pass = -1;                         // at this pass boundary ...
-  int io_rank = -1;                                  // ... this rank fails with an I/O error
-  std::int64_t decode_delay_ms = 0;                  // every decode waits this long first
-  // At every pass boundary a rank waits until its next job's prompts are prepared: the
-  // scheduler's decisions then do not depend on how fast the text worker is (deterministic
-  // expert alignment in tests).
-  bool await_prepared = false;
-};
 
 struct GenerateOptions {
   at::ScalarType dtype = at::kBFloat16;      // transformer and text encoder
   at::ScalarType vae_dtype = at::kFloat;     // diffusers recommends (and Wan ships) an fp32 VAE
-  std::string offload = "auto";              // auto or a strategy name (strategy_name)
-  std::string device = "auto";               // auto | cpu | cuda | cuda:N
+  StrategyRequest offload;                   // default auto
+  DeviceRequest device;                      // default auto
   // Where the text encoder and the VAE run when the transformer runs on CUDA (memory_model.h):
   // auto (the device when the transformer's strategy stays the same), the device, or the CPU.
   AuxPlacement text_vae = AuxPlacement::kAuto;
@@ -83,7 +70,11 @@ struct GenerateOptions {
   bool align_experts = true;
   // How ranks are grouped into jobs (--sp, --cfg-parallel; pipeline/topology.h). Default auto.
   TopologyRequest topology;
-  FaultHooks faults;
+  // At every pass boundary a rank waits until its next job's prompts are prepared, so that the
+  // scheduler's decisions (which rank takes which job, parks for expert alignment) do not depend
+  // on how fast the text worker is: the same batch makes the same passes (the tests' expert
+  // alignment). Costs the overlap of preparation with denoising at the boundary.
+  bool await_prepared = false;
 };
 
 // Rank-local: one denoising step of this rank's job.
@@ -151,5 +142,9 @@ RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std:
 // goes on. Anything else ends every rank (see the header comment).
 GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
                         const GenerateOptions& options, const GenerateCallbacks& callbacks);
+// The same with the stages' work given (make_model_work's, wrapped by a test build, or a fake):
+// `work` is loaded, started and ended by this call.
+GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
+                        const GenerateOptions& options, const GenerateCallbacks& callbacks, BatchWork& work);
 
 }  // namespace dlo

@@ -51,7 +51,7 @@ int JobRun::expert() const {
 
 void JobRun::fail(const std::string& what) {
   if (failed()) return;
-  result.status = "failed";
+  result.status = JobStatus::kFailed;
   result.error = what;
 }
 
@@ -92,13 +92,8 @@ std::int64_t high_noise_steps(const JobSpec& job, const ModelInfo& model) {
   return high;
 }
 
-void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model, at::ScalarType dtype,
-                 c10::Device device) {
+void prepare_schedule(JobRun& run, const ModelInfo& model) {
   const JobSpec& job = run.job.spec;
-  with_context(str("job '", job.id, "': encoding the prompt"), [&] {
-    run.context = text.encode(job.prompt).to(device, dtype);
-    if (job.guided()) run.negative_context = text.encode(job.negative_prompt).to(device, dtype);
-  });
   const NoiseSchedulerConfig sc = job_scheduler_config(job, model);
   run.scheduler = make_noise_scheduler(sc);
   run.scheduler->set_timesteps(job.steps);
@@ -107,6 +102,16 @@ void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model,
     run.guidance_2 = job.guidance_2.value_or(job.guidance);
   }
   run.per_token_timesteps = model.expand_timesteps;
+}
+
+void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model, at::ScalarType dtype,
+                 c10::Device device) {
+  const JobSpec& job = run.job.spec;
+  with_context(str("job '", job.id, "': encoding the prompt"), [&] {
+    run.context = text.encode(job.prompt).to(device, dtype);
+    if (job.guided()) run.negative_context = text.encode(job.negative_prompt).to(device, dtype);
+  });
+  prepare_schedule(run, model);
   run.latents = initial_latents(model.latent_shape(job.frames, job.height, job.width), job.seed).to(device);
 }
 

@@ -47,7 +47,7 @@ class FrameSink {
 // One job on its rank, from assignment to its result.
 struct JobRun {
   BatchJob job;
-  JobResult result;                      // status "ok" until a stage fails
+  JobResult result;                      // ok until a stage fails
   at::Tensor context, negative_context;  // [1, 512, text_dim], transformer dtype, on the device
   at::Tensor latents;                    // [1, C, F, h, w], fp32, on the device
   std::unique_ptr<NoiseScheduler> scheduler;
@@ -64,7 +64,7 @@ struct JobRun {
   // A run of `job` on `rank`; the result carries the job's id, index, output, parameters and
   // fingerprint.
   JobRun(BatchJob job, const ModelInfo& model, int rank);
-  bool failed() const { return result.status != "ok"; }
+  bool failed() const { return !result.ok(); }
   std::int64_t steps_left() const { return job.spec.steps - steps_done; }
   // The expert the next step runs (0 with one expert, or when no step is left) and its guidance
   // scale. Needs the scheduler (after prepare_job).
@@ -87,6 +87,10 @@ at::Tensor initial_latents(const std::vector<std::int64_t>& shape, std::uint64_t
 // dtype): (x * 0.5 + 0.5).clamp(0, 1) in the VAE dtype, then x 255 in fp32 and a truncating
 // cast; returns [n, H, W, 3] uint8, contiguous, on the CPU.
 at::Tensor frames_to_uint8(const at::Tensor& chunk);
+
+// The part of prepare that needs no model: the noise scheduler set to the job's steps, the experts'
+// boundary and guidance, per-token timesteps (a fake BatchWork in the tests uses it alone).
+void prepare_schedule(JobRun& run, const ModelInfo& model);
 
 // prepare: the prompts (the negative one only with guidance) in `dtype` on `device`, the initial
 // latents on `device`, the scheduler set to the job's steps, the experts' boundary and guidance. Throws dlo::Error (a prompt that is
