@@ -19,7 +19,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechan
   for i in $(seq 0 19); do echo "  - {id: j$i, prompt: \"p $i\"}"; done; } >"$T/j.yaml"
 extra=()
 [ "$SLOW" -gt 0 ] && extra=(--slow-decode-ms "$SLOW")
-mpirun -np 2 "$BIN/dlo-generate" --threads 1 --jobs "$T/j.yaml" "${extra[@]}" >"$T/log" 2>&1 &
+mpirun -np 2 "$BIN/dlo-generate-testhooks" --threads 1 --jobs "$T/j.yaml" "${extra[@]}" >"$T/log" 2>&1 &
 M=$!
 sleep "$DELAY"
 t0=$(date +%s%N)

@@ -30,6 +30,7 @@
 
 #include "dlo/app/console.h"
 #include "dlo/app/generate_cli.h"
+#include "dlo/app/generate_hooks.h"
 #include "dlo/app/job_flags.h"
 #include "dlo/app/output_formats.h"
 #include "dlo/app/tool.h"
@@ -46,7 +47,9 @@ namespace {
 int run(dlo::MpiWorld& world, int argc, char** argv) {
   const dlo::AppOutputs& outputs = dlo::app_outputs();
   const std::string tool = outputs.build;
+  const dlo::GenerateHooks& hooks = dlo::generate_hooks();  // none, except in the tests' build
   cxxopts::Options opts = dlo::generate_flag_table(outputs);
+  hooks.add_flags(opts);
   // Everything checkable is checked before any weight is read: the flags and options on every
   // rank, the jobs on rank 0, which shares the plan. A problem is the same error on every rank.
   std::string error, thread_note, plan_text;
@@ -98,6 +101,12 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   if (!args.count("sp") && !plan.sp.empty()) go.topology.sp = dlo::parse_sp(plan.sp, "sp");
   if (!args.count("cfg-parallel") && !plan.cfg_parallel.empty())
     go.topology.cfg = dlo::parse_cfg_parallel(plan.cfg_parallel, "cfg_parallel");
+  try {
+    hooks.apply(args, world, go);
+  } catch (const dlo::Error& e) {
+    error = e.what();
+  }
+  world.check_all(error);
   // Every rank reads the model folder itself (a rank that cannot see it says so, on every rank) and
   // proves it holds what rank 0 planned with: no rank renders from other weights.
   dlo::ModelInfo model;
@@ -167,14 +176,15 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
         if (plan.jobs[i].index == j.index) latents->write(i, lat);
     };
   }
-  const dlo::GenerateReport report = dlo::generate(world, model, plan.jobs, go, cb);
+  const std::unique_ptr<dlo::BatchWork> work = hooks.work(args, world, model, go, cb);
+  const dlo::GenerateReport report = dlo::generate(world, model, plan.jobs, go, cb, *work);
   latents.reset();  // collective close
   const int sig = dlo::stop_signal();
   if (world.rank() != 0) return report.stopped ? 128 + (sig ? sig : SIGTERM) : dlo::kExitOk;
   if (talk) std::cerr << world.tag() << " " << report.choice << "\n";
   if (args.count("report")) dlo::write_file_atomic(args["report"].as<std::string>(), dlo::report_json(report) + "\n");
   std::int64_t failed = 0;
-  for (const auto& r : report.jobs) failed += r.status != "ok";
+  for (const auto& r : report.jobs) failed += !r.ok();
   if (report.stopped) {
     std::cerr << tool << ": stopped by signal " << sig << " with " << report.jobs.size() << " job(s) recorded; "
               << "run the same command again to continue\n";
@@ -182,7 +192,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   }
   if (!batch) {
     const dlo::JobResult& r = report.jobs.at(0);
-    if (r.status != "ok") {
+    if (!r.ok()) {
       std::cerr << tool << ": error: " << r.error << "\n";
       return dlo::kExitFailed;
     }

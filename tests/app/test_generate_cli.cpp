@@ -9,7 +9,9 @@
 
 #include <c10/util/Flags.h>
 
+#include "common/test_util.h"
 #include "dlo/app/generate_cli.h"
+#include "dlo/app/generate_hooks.h"
 #include "dlo/app/job_flags.h"
 #include "dlo/app/tool.h"
 #include "dlo/common/error.h"
@@ -38,35 +40,25 @@ const dlo::AppOutputs& outputs() {
   return o;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dlo::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dlo::test::error_of;
 
 }  // namespace
 
 TEST_CASE("dlo-generate's run flags become the run options they name") {
   cxxopts::Options table = dlo::generate_flag_table(outputs());
   const auto args = parse(table, {"--jobs", "j.yaml", "--dtype", "fp32", "--offload", "dlo", "--device-budget", "3GiB",
-                                  "--sp", "2", "--cfg-parallel", "off", "--no-expert-alignment", "--fail-job", "4",
-                                  "--fail-step", "2", "--fail-rank", "1", "--steps", "7", "--guidance", "1"});
+                                  "--sp", "2", "--cfg-parallel", "off", "--no-expert-alignment", "--steps", "7",
+                                  "--guidance", "1"});
   const dlo::GenerateOptions go = dlo::generate_options_from_flags(args);
   CHECK((go.dtype == at::kFloat));
   CHECK((go.vae_dtype == at::kFloat));  // the default
-  CHECK(go.offload == "dlo");
+  CHECK((go.offload.strategy == dlo::Strategy::kDlo));
   REQUIRE(go.device_budget.has_value());
   CHECK(*go.device_budget == 3ull << 30);
   CHECK(go.topology.sp == 2);
   CHECK((go.topology.cfg == dlo::TopologyRequest::Cfg::kOff));
   CHECK_FALSE(go.align_experts);
-  CHECK(go.faults.compute_job == 4);
-  CHECK(go.faults.compute_step == 2);
-  CHECK(go.faults.compute_rank == 1);
-  CHECK(go.faults.transfer_block == -1);  // not asked
+  CHECK_FALSE(go.await_prepared);
   // The job-field flags are in the same table, as text for the job table's own parser.
   const dlo::JobFlags flags = dlo::job_field_flags(args);
   CHECK(flags.at("steps") == "7");
@@ -79,14 +71,27 @@ TEST_CASE("dlo-generate's defaults: auto everywhere, bf16 transformer, fp32 VAE,
   const dlo::GenerateOptions go = dlo::generate_options_from_flags(parse(table, {"--prompt", "a red circle"}));
   CHECK((go.dtype == at::kBFloat16));
   CHECK((go.vae_dtype == at::kFloat));
-  CHECK(go.offload == "auto");
-  CHECK(go.device == "auto");
+  CHECK(go.offload.is_auto());
+  CHECK((go.device.kind == dlo::DeviceRequest::Kind::kAuto));
   CHECK_FALSE(go.device_budget.has_value());
   CHECK(go.topology.sp == 0);
   CHECK((go.topology.cfg == dlo::TopologyRequest::Cfg::kAuto));
   CHECK(go.align_experts);
-  CHECK(go.faults.compute_job == -1);
-  CHECK(go.faults.io_pass == -1);
+  CHECK_FALSE(go.await_prepared);
+}
+
+TEST_CASE("the shipped flag table has no test hook, the tests' build adds them as a group of their own") {
+  cxxopts::Options shipped = dlo::generate_flag_table(outputs());
+  const std::string help = shipped.help();
+  for (const char* hook : {"fail-", "test-", "slow-decode", "await-prepared", "test hooks"})
+    CHECK_MESSAGE(!has(help, hook), hook);
+  CHECK_THROWS(parse(shipped, {"--fail-job", "1"}));  // an unknown flag there
+  cxxopts::Options table = dlo::generate_flag_table(outputs());
+  dlo::generate_hooks().add_flags(table);  // this binary links the tests' hooks
+  CHECK(has(table.help({"test hooks"}), "--fail-job"));
+  // The run options alone do not see them (the hooks apply them: through dlo-generate-testhooks).
+  const auto args = parse(table, {"--prompt", "p", "--await-prepared", "--fail-job", "1"});
+  CHECK_FALSE(dlo::generate_options_from_flags(args).await_prepared);
 }
 
 TEST_CASE("a bad run flag is an error naming the flag and the value") {
@@ -99,7 +104,6 @@ TEST_CASE("a bad run flag is an error naming the flag and the value") {
   CHECK(has(with({"--device-budget", "lots"}), "--device-budget"));
   CHECK(has(with({"--sp", "two"}), "--sp"));
   CHECK(has(with({"--cfg-parallel", "maybe"}), "--cfg-parallel"));
-  CHECK(has(with({"--fail-job", "1", "--fail-step", "2x"}), "--fail-step: '2x' is not an integer"));
   const auto threads = parse(table, {"--threads", "12x"});
   CHECK(error_of([&] { (void)dlo::integer_flag(threads, "threads"); }) == "--threads: '12x' is not an integer");
   const auto empty = parse(table, {"--threads", ""});

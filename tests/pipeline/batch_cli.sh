@@ -104,7 +104,7 @@ echo "ok: a deleted, an emptied and a cut video are rendered again on resume; th
 # 4. A failing job: the others finish, an error line, exit 3.
 rm -rf "$T/out"
 set +e
-mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --fail-job 1 --fail-step 2
+mpirun -np 2 "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/jobs.yaml" --fail-job 1 --fail-step 2
 rc=$?
 set -e
 [ "$rc" = 3 ] || fail "a failed job: exit $rc, want 3; results: $(cat "$T/out/results.jsonl" 2>&1)"

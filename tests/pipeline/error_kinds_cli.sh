@@ -49,7 +49,7 @@ run "$T/clean.log" "${GEN[@]}" --output-dir "$T/clean"
 echo "ok: a clean run of the batch takes $SECONDS_TAKEN s"
 
 # 1. I/O error on rank 1 at pass 30 (mid-batch: rank 0 has recorded nothing yet, or a few).
-run "$T/io.log" "${GEN[@]}" --output-dir "$T/io" --fail-io-at-pass 30 --fail-rank 1
+run "$T/io.log" "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --output-dir "$T/io" --fail-io-at-pass 30 --fail-rank 1
 [ "$RC" = 1 ] || fail "io error on rank 1: exit $RC, want 1: $(cat "$T/io.log")"
 grep -q "\[1/2\] fatal: pass 30: injected I/O failure (test hook)" "$T/io.log" || fail "io error: rank 1's message missing: $(cat "$T/io.log")"
 ! grep -q "did not arrive\|has not finished in" "$T/io.log" || fail "io error: a timeout was waited for: $(cat "$T/io.log")"
@@ -88,7 +88,7 @@ echo "ok: rank 0 unable to open results.jsonl ends every rank in $SECONDS_TAKEN 
 
 # 3. A transfer failure on rank 1, at the last block of a pass (block 2 of 3) and at a middle one.
 for block in 2 1; do
-  run "$T/t$block.log" "${GEN[@]}" --output-dir "$T/t$block" --offload dlo --fail-at-block $block --fail-rank 1
+  run "$T/t$block.log" "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --output-dir "$T/t$block" --offload dlo --fail-at-block $block --fail-rank 1
   [ "$RC" = 1 ] || fail "transfer fault at block $block: exit $RC, want 1: $(cat "$T/t$block.log")"
   grep -q "\[1/2\] fatal: .*injected fault while transferring block $block" "$T/t$block.log" \
     || fail "transfer fault at block $block: no message: $(cat "$T/t$block.log")"

@@ -159,7 +159,7 @@ done
 for where in 1 -1; do
   rm -rf "$T/out"
   set +e
-  mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --offload dlo --fail-job 1 --fail-step 2 --fail-block "$where" \
+  mpirun -np 2 "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/jobs.yaml" --offload dlo --fail-job 1 --fail-step 2 --fail-block "$where" \
     --report "$T/fail.json" >"$T/stdout" 2>"$T/stderr"
   rc=$?
   set -e
@@ -185,7 +185,7 @@ for i in 0 1 2 3 4 5 6 7; do
   if (( i % 2 )); then st=3 sh=3; else st=8 sh=12; fi
   echo "  - {id: x$i, prompt: \"mixed $i\", steps: $st, flow_shift: $sh, seed: $i}" >>"$T/mix.yaml"
 done
-ALIGNED=("$BIN/dlo-generate" --threads 1 --quiet --await-prepared)
+ALIGNED=("$BIN/dlo-generate-testhooks" --threads 1 --quiet --await-prepared)
 mshas() { for i in 0 1 2 3 4 5 6 7; do sha_of "$T/out/results.jsonl" x$i; done | tr '\n' ' '; }
 both_of() { grep -o '"passes_streaming_both_experts": [0-9]*' "$1" | head -1 | grep -o '[0-9]*$'; }
 alone=""

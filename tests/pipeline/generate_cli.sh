@@ -17,6 +17,15 @@ GEN=("$BIN/dlo-generate" --model "$T/m" --prompt "a red fox in the snow" --steps
      --frames 5 --threads 1 --seed 7)
 fail() { echo "FAIL: $*"; exit 1; }
 
+# 0. The shipped --help shows no test hook (they are dlo-generate-testhooks' alone), and refuses them.
+"$BIN/dlo-generate" --help >"$T/help"
+n=$(grep -cE -- "--fail-|--test-|--slow-decode|--await-prepared|test hooks" "$T/help" || true)
+[ "$n" = 0 ] || fail "dlo-generate --help shows $n test-hook line(s)"
+"$BIN/dlo-generate-testhooks" --help | grep -q -- "--fail-job" || fail "dlo-generate-testhooks lacks --fail-job"
+set +e; "${GEN[@]}" --out "$T/x.mp4" --fail-job 0 >/dev/null 2>"$T/stderr"; rc=$?; set -e
+[ "$rc" = 2 ] && grep -q "fail-job" "$T/stderr" || fail "dlo-generate --fail-job: exit $rc: $(cat "$T/stderr")"
+echo "ok: dlo-generate --help shows no test hook (0 lines) and refuses --fail-job; dlo-generate-testhooks has them"
+
 # 1. Pre-load checks: exit 2, the message, nothing written.
 mkdir "$T/out" "$T/partial" && cp -r "$T/m/transformer" "$T/m/scheduler" "$T/partial/"
 check() {  # check 'expected message' args...

@@ -152,7 +152,7 @@ grep '"id":"j4"' "$T/tail4/results.jsonl" | grep -q '"ranks":\[0,1,2,3\],"parall
 grep -q '"phases": 2' "$T/tail4.json" || fail "the report does not count 2 phases"
 # A job failing in the first phase fails alone; the tail still regroups and renders.
 set +e
-mpirun -np 4 "${TAIL[@]}" --output-dir "$T/tailf" --fail-job 1 --fail-step 1 --fail-block 0 2>"$T/log"
+mpirun -np 4 "$BIN/dlo-generate-testhooks" "${TAIL[@]:1}" --output-dir "$T/tailf" --fail-job 1 --fail-step 1 --fail-block 0 2>"$T/log"
 rc=$?
 set -e
 [ "$rc" = 3 ] && grep '"id":"j1"' "$T/tailf/results.jsonl" | grep -q '"status":"failed"' \
@@ -166,7 +166,7 @@ echo "ok: 5 jobs on 4 ranks: the first four one per rank, the fifth regrouped on
 
 # A slow VAE: no rank of a CFG pair queues more decodes than a rank alone may (README: at most four).
 printf 'p1\np2\np3\np4\np5\n' >"$T/five.txt"
-mpirun -np 2 "$BIN/dlo-generate" --model "$T/m" --jobs "$T/five.txt" --output-dir "$T/slow" --steps 2 --height 32 --width 48 \
+mpirun -np 2 "$BIN/dlo-generate-testhooks" --model "$T/m" --jobs "$T/five.txt" --output-dir "$T/slow" --steps 2 --height 32 --width 48 \
   --frames 5 --threads 1 --quiet --guidance 4 --cfg-parallel on --slow-decode-ms 1000 --report "$T/slow.json" >/dev/null 2>"$T/log" \
   || fail "slow decodes in a pair: $(cat "$T/log")"
 python3 - "$T/slow.json" <<'PY' || fail "a rank of the pair queued too many decodes"
@@ -180,7 +180,7 @@ PY
 
 # 3. A job failing in a group fails once; the batch goes on.
 set +e
-mpirun -np 2 "${GEN[@]}" --output-dir "$T/f" --sp 2 --cfg-parallel off --fail-job 1 --fail-step 2 --fail-block 1 2>"$T/log"
+mpirun -np 2 "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --output-dir "$T/f" --sp 2 --cfg-parallel off --fail-job 1 --fail-step 2 --fail-block 1 2>"$T/log"
 rc=$?
 set -e
 [ "$rc" = 3 ] || fail "a failed job in a group: exit $rc, want 3: $(cat "$T/log")"
@@ -192,7 +192,7 @@ echo "ok: a job failing in an SP group fails once, the other 4 as at 1 rank, exi
 # On one rank of the group only (its block, or its step's inputs): the record gives that rank's reason.
 for at in "1:block 1: .*injected failure" "-1:the step's inputs: .*injected failure"; do
   set +e
-  mpirun -np 2 "${GEN[@]}" --output-dir "$T/f1" --sp 2 --cfg-parallel off --fail-job 0 --fail-step 1 \
+  mpirun -np 2 "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --output-dir "$T/f1" --sp 2 --cfg-parallel off --fail-job 0 --fail-step 1 \
     --fail-block "${at%%:*}" --fail-rank 1 2>"$T/log"
   rc=$?
   set -e
@@ -227,13 +227,13 @@ refused 4 "--sp 4 --cfg-parallel auto on 4 rank(s): 4 ranks along the sequence e
 refused 2 "--sp 2 --cfg-parallel on on 2 rank(s): groups of 4 rank(s) do not divide 2 rank(s)" --sp 2 --cfg-parallel on
 refused 2 "--cfg-parallel: 'yes' is not on, off or auto" --cfg-parallel yes
 refused 2 "--sp: 'two' is not auto or a rank count (1 or more)" --sp two
-# Ranks that disagree on the topology (a test hook: rank 1 claims groups of 3) are refused before
+# Ranks that disagree on the topology (a test hook: rank 1 asks for no CFG pair) are refused before
 # any of the groups' collectives, every rank naming the disagreement, nothing written.
 set +e
-mpirun -np 2 "${ONE[@]}" --prompt "a red fox" --guidance 4 --out "$T/no.mp4" --test-topology-skew-rank 1 >"$T/stdout" 2>"$T/stderr"
+mpirun -np 2 "$BIN/dlo-generate-testhooks" "${ONE[@]:1}" --prompt "a red fox" --guidance 4 --out "$T/no.mp4" --test-topology-skew-rank 1 >"$T/stdout" 2>"$T/stderr"
 rc=$?
 set -e
-[ "$rc" = 1 ] && grep -qF "rank 1 starts phase 0 (jobs 0 + 1) with groups of 3 rank(s) (CFG 1), rank 0 phase 0 (jobs 0 + 1) with groups of 2 (CFG 1)" "$T/stderr" \
+[ "$rc" = 1 ] && grep -qF "rank 1 starts phase 0 (jobs 0 + 1) with groups of 2 rank(s) (CFG 0), rank 0 phase 0 (jobs 0 + 1) with groups of 2 (CFG 1)" "$T/stderr" \
   && [ ! -e "$T/no.mp4" ] || fail "a rank disagreeing on the topology: exit $rc: $(cat "$T/stderr")"
 echo "ok: ranks disagreeing on the topology are refused before the groups' collectives (exit 1, the disagreement named)"
 mpirun -np 4 "${GEN[@]}" --output-dir "$T/dry" --dry-run --sp 2 >"$T/stdout" 2>"$T/log" || fail "dry run: $(cat "$T/log")"

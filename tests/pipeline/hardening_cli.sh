@@ -247,7 +247,7 @@ echo "ok: a second batch on a folder in use is refused (exit 2, naming host and 
 # ---- 11. a rank behind on its VAE takes no new job: the decode queue stays bounded
 { echo "model: m"; echo "output_dir: out11"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 1}"; echo "jobs:"
   for i in $(seq 0 7); do echo "  - {id: j$i, prompt: \"p $i\"}"; done; } >"$T/r11.yaml"
-expect 0 "$T/r11.log" "${GEN[@]}" --jobs "$T/r11.yaml" --slow-decode-ms 400 --report "$T/r11.json"
+expect 0 "$T/r11.log" "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/r11.yaml" --slow-decode-ms 400 --report "$T/r11.json"
 python3 - "$T/r11.json" <<'PY' || fail "decode queue: $(cat "$T/r11.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))["ranks"][0]
@@ -262,8 +262,8 @@ echo "ok: with a slow VAE a rank holds at most 4 decodes and waits for them inst
 for np in 1 2; do
   rm -rf "$T/out12"
   sed 's/out11/out12/' "$T/r11.yaml" >"$T/r12.yaml"
-  if [ "$np" = 1 ]; then "${GEN[@]}" --jobs "$T/r12.yaml" --slow-decode-ms 5000 >"$T/r12.log" 2>&1 &
-  else mpirun -np 2 "${GEN[@]}" --jobs "$T/r12.yaml" --slow-decode-ms 5000 >"$T/r12.log" 2>&1 & fi
+  if [ "$np" = 1 ]; then "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/r12.yaml" --slow-decode-ms 5000 >"$T/r12.log" 2>&1 &
+  else mpirun -np 2 "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/r12.yaml" --slow-decode-ms 5000 >"$T/r12.log" 2>&1 & fi
   L=$!
   ranks() { pgrep -f "^$BIN/dlo-generate .*--jobs $T/r12.yaml" || true; }
   for _ in $(seq 300); do [ -s "$T/out12/$LOCK" ] && [ "$(ranks | wc -l)" -ge "$np" ] && break; sleep 0.1; done

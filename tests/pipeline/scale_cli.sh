@@ -49,7 +49,7 @@ echo "ok: 64 ranks, a rank killed mid-batch: every rank ended in ${KILLED_S} s; 
 # An I/O failure on the last rank at a pass boundary: every rank ends at once with its message.
 t0=$(date +%s)
 set +e
-DLO_GATHER_TIMEOUT_S=120 "${MPI[@]}" -np 64 -x DLO_GATHER_TIMEOUT_S "${GEN[@]}" --jobs "$T/long.yaml" --output-dir "$T/io" \
+DLO_GATHER_TIMEOUT_S=120 "${MPI[@]}" -np 64 -x DLO_GATHER_TIMEOUT_S "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/long.yaml" --output-dir "$T/io" \
   --fail-io-at-pass 3 --fail-rank 63 >"$T/io.log" 2>&1
 rc=$?
 set -e

@@ -56,19 +56,6 @@ cxxopts::Options generate_flag_table(const AppOutputs& outputs) {
       "quiet", "print only errors and failed jobs")("help-fields", "print the job-field table (Markdown) and exit")(
       "h,help", "help");
   add_job_field_flags(opts);
-  opts.add_options("test hooks")("fail-job", "this job (manifest index) fails in step --fail-step",
-                                 cxxopts::value<std::string>())(
-      "fail-step", "see --fail-job", cxxopts::value<std::string>()->default_value("1"))(
-      "fail-block", "with --fail-job: the block it fails at (-1: the step's inputs, before the traversal)",
-      cxxopts::value<std::string>()->default_value("0"))(
-      "fail-at-block", "this rank's transfer of that block fails (every pass)", cxxopts::value<std::string>())(
-      "fail-io-at-pass", "this rank fails with an I/O error at that pass boundary", cxxopts::value<std::string>())(
-      "fail-rank", "the rank of --fail-job / --fail-at-block / --fail-io-at-pass (default: every rank)",
-      cxxopts::value<std::string>()->default_value("-1"))(
-      "slow-decode-ms", "every VAE decode waits this long first (a slow decoder)", cxxopts::value<std::string>())(
-      "await-prepared", "at each pass boundary wait for this rank's next job's prompts (deterministic scheduling)")(
-      "test-topology-skew-rank", "this rank claims groups one rank larger than the others (the topology agreement)",
-      cxxopts::value<std::string>());
   return opts;
 }
 
@@ -89,29 +76,15 @@ GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& a) {
   GenerateOptions go;
   go.dtype = parse_compute_dtype(a["dtype"].as<std::string>(), "--dtype");
   go.vae_dtype = parse_compute_dtype(a["vae-dtype"].as<std::string>(), "--vae-dtype");
-  go.offload = a["offload"].as<std::string>();
-  DLO_CHECK(go.offload == "auto" || parse_strategy(go.offload), "--offload: '", go.offload,
-            "' is not auto, resident, device-shards, mixed, dlo or layerwise");
+  go.offload = parse_strategy_request(a["offload"].as<std::string>(), "--offload");
   if (a.count("device-budget")) go.device_budget = parse_bytes(a["device-budget"].as<std::string>(), "--device-budget");
   if (const char* id = std::getenv("NCCL_HOSTID")) go.host_id = id;
-  go.device = a["device"].as<std::string>();
+  go.device = parse_device_request(a["device"].as<std::string>(), "--device");
   go.text_vae = parse_aux_placement(a["text-vae-device"].as<std::string>(), "--text-vae-device");
   go.keep_page_cache = a.count("keep-page-cache") > 0;
   go.align_experts = a.count("no-expert-alignment") == 0;
   go.topology.sp = parse_sp(a["sp"].as<std::string>(), "--sp");
   go.topology.cfg = parse_cfg_parallel(a["cfg-parallel"].as<std::string>(), "--cfg-parallel");
-  const int rank = static_cast<int>(integer_flag(a, "fail-rank"));
-  if (a.count("fail-job")) {
-    go.faults.compute_job = integer_flag(a, "fail-job");
-    go.faults.compute_step = integer_flag(a, "fail-step");
-    go.faults.compute_block = integer_flag(a, "fail-block");
-    go.faults.compute_rank = rank;
-  }
-  if (a.count("fail-at-block")) go.faults.transfer_block = integer_flag(a, "fail-at-block"), go.faults.transfer_rank = rank;
-  if (a.count("fail-io-at-pass")) go.faults.io_pass = integer_flag(a, "fail-io-at-pass"), go.faults.io_rank = rank < 0 ? 0 : rank;
-  if (a.count("slow-decode-ms")) go.faults.decode_delay_ms = integer_flag(a, "slow-decode-ms");
-  go.faults.await_prepared = a.count("await-prepared") > 0;
-  if (a.count("test-topology-skew-rank")) go.faults.topology_skew_rank = static_cast<int>(integer_flag(a, "test-topology-skew-rank"));
   return go;
 }
 

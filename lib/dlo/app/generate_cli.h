@@ -18,8 +18,8 @@ namespace dlo {
 
 class MpiWorld;
 
-// Every flag of dlo-generate (`outputs.build` names the tool): the run flags, one flag per job
-// field (app/job_flags.h) and the fault-injection flags the tests use (group "test hooks").
+// Every flag of dlo-generate (`outputs.build` names the tool): the run flags and one flag per job
+// field (app/job_flags.h). A build's hooks (generate_hooks.h) may add more.
 cxxopts::Options generate_flag_table(const AppOutputs& outputs);
 
 // The integer value of `flag` (given as text); a dlo::Error naming the flag when it is not one.
