@@ -206,3 +206,47 @@ TEST_CASE("topology, no tail phase where it does not pay, for explicit requests,
   REQUIRE(p.phases.size() == 1);
   CHECK(p.phases[0].topology.group_size == 4);
 }
+
+TEST_CASE("topology, the cost figures are the device kind's: the CPU's measured, CUDA's not yet") {
+  const dlo::TopologyCosts cpu = dlo::topology_costs("cpu");
+  CHECK(cpu.measured);
+  CHECK(cpu.sp_efficiency == 0.69);
+  CHECK(cpu.cfg_efficiency == 0.92);
+  CHECK_FALSE(dlo::topology_costs("cuda").measured);
+  // Other figures give other speedups: SP 2 at efficiency 0.9 is 1.8x.
+  dlo::TopologyCosts fast;
+  fast.sp_efficiency = 0.9;
+  CHECK(dlo::predicted_speedup(2, false, fast) == doctest::Approx(1.8));
+}
+
+TEST_CASE("topology, auto without measured figures: every rank its own job, or one group of all for a single job") {
+  auto unmeasured = [](TopologyLimits l) {
+    l.costs = dlo::topology_costs("cuda");
+    return l;
+  };
+  // A short batch (3 jobs on 4 ranks), which the CPU's figures split into groups: every rank its own.
+  dlo::TopologyPlan p = dlo::plan_topology(request(0), unmeasured(batch(4, {10, 10, 10}, {true, true, true})));
+  REQUIRE(p.phases.size() == 1);
+  CHECK(p.phases[0].topology.group_size == 1);
+  CHECK(p.reason.find("no topology cost figures for cuda yet") != std::string::npos);
+  CHECK(dlo::plan_topology(request(0), batch(4, {10, 10, 10}, {true, true, true})).phases[0].topology.group_size > 1);
+  // A single guided job: one group of all four, the CFG pair (x SP 2); unguided: SP 4.
+  Topology t = dlo::choose_topology(request(0), unmeasured(batch(4, {10}, {true})));
+  CHECK(t.group_size == 4);
+  CHECK(t.label(true) == "cfg 2 x sp 2");
+  CHECK(t.reason.find("a single job on every rank (no topology cost figures for cuda yet") != std::string::npos);
+  t = dlo::choose_topology(request(0), unmeasured(batch(4, {10}, {false})));
+  CHECK(t.group_size == 4);
+  CHECK(t.label(false) == "sp 4");
+  // When all the ranks cannot hold it (2 heads, 4 ranks, unguided), no smaller group is weighed.
+  t = dlo::choose_topology(request(0), unmeasured(batch(4, {10}, {false}, 2)));
+  CHECK(t.group_size == 1);
+  CHECK(t.reason.find("one group of all 4 ranks does not fit") != std::string::npos);
+  // A full batch that the CPU's figures would end with a tail on groups: no tail.
+  const TopologyLimits tail = batch(4, {10, 10, 10, 10, 10}, {true, true, true, true, true});
+  CHECK(dlo::plan_topology(request(0), tail).phases.size() == 2);
+  CHECK(dlo::plan_topology(request(0), unmeasured(tail)).phases.size() == 1);
+  // An explicit request is still the user's: --sp 2 on a short batch.
+  t = dlo::choose_topology(request(2), unmeasured(batch(4, {10, 10}, {false, false})));
+  CHECK(t.group_size == 2);
+}

@@ -35,7 +35,7 @@ double predicted_time(const Topology& t, const TopologyLimits& l) {
   double end = 0;
   for (std::size_t j = 0; j < l.steps.size(); ++j) {
     const bool guided = l.guided[j];
-    const double s = static_cast<double>(l.steps[j]) / predicted_speedup(t.sp_of(guided), t.cfg && guided);
+    const double s = static_cast<double>(l.steps[j]) / predicted_speedup(t.sp_of(guided), t.cfg && guided, l.costs);
     const double done = free_at.top() + s;
     free_at.pop();
     free_at.push(done);
@@ -84,9 +84,16 @@ std::string Topology::label(bool guided) const {
   return sp > 1 ? str("sp ", sp) : std::string("dp");
 }
 
-double predicted_speedup(int sp, bool cfg) {
-  const double along = std::pow(static_cast<double>(sp), std::log2(2 * kSpEfficiency));
-  return along * (cfg ? 2 * kCfgEfficiency : 1.0);
+TopologyCosts topology_costs(const std::string& device_kind) {
+  TopologyCosts c;
+  c.device = device_kind;
+  c.measured = device_kind == "cpu";
+  return c;
+}
+
+double predicted_speedup(int sp, bool cfg, const TopologyCosts& costs) {
+  const double along = std::pow(static_cast<double>(sp), std::log2(2 * costs.sp_efficiency));
+  return along * (cfg ? 2 * costs.cfg_efficiency : 1.0);
 }
 
 Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l) {
@@ -111,6 +118,13 @@ Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l
     dp.reason = str("every rank its own job: ", l.steps.size(), " job(s) on ", l.ranks, " rank(s)");
     return dp;
   }
+  // Without figures for the device, auto splits only a single job, over every rank.
+  const bool guarded = !l.costs.measured && !explicit_sp && request.cfg == TopologyRequest::Cfg::kAuto;
+  const std::string unmeasured = str("no topology cost figures for ", l.costs.device, " yet");
+  if (guarded && l.steps.size() != 1) {
+    dp.reason = str("every rank its own job (", unmeasured, ": auto splits only a single job)");
+    return dp;
+  }
   std::vector<Topology> candidates;
   std::string refused;
   for (int sp = 1; sp <= l.ranks; ++sp) {
@@ -120,6 +134,7 @@ Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l
       Topology t;
       t.group_size = sp * (cfg ? 2 : 1);
       t.cfg = cfg;
+      if (guarded && t.group_size != l.ranks) continue;
       if (const std::string why = violation(t, l); !why.empty()) {
         if (refused.empty()) refused = why;
         continue;
@@ -129,12 +144,22 @@ Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l
       candidates.push_back(t);
     }
   }
+  if (guarded && candidates.empty()) {
+    dp.reason = str("every rank its own job (", unmeasured, "; one group of all ", l.ranks, " ranks does not fit: ", refused, ")");
+    return dp;
+  }
   DLO_CHECK(!candidates.empty(), flags(), " on ", l.ranks, " rank(s): ", refused.empty() ? "no topology fits" : refused);
   // Candidates come by SP degree, then without CFG first: a tie keeps the smaller group.
+  // Unmeasured: a guided job takes the CFG pair where there is one (its exchange is one prediction
+  // per step), else the group along the sequence.
   const Topology* best = &candidates.front();
   for (const auto& t : candidates)
-    if (t.predicted < best->predicted * (1 - 1e-9)) best = &t;
+    if (guarded ? t.cfg && l.guided[0] : t.predicted < best->predicted * (1 - 1e-9)) best = &t;
   Topology t = *best;
+  if (guarded) {
+    t.reason = str(groups_of(t, l), ": a single job on every rank (", unmeasured, ": auto does not weigh topologies)");
+    return t;
+  }
   t.reason = str(groups_of(t, l), ": ", l.steps.size(), " job(s) on ", l.ranks, " rank(s), predicted ", two_digits(t.predicted),
                  " single-rank step times vs ", two_digits(t.predicted_dp), " data parallel",
                  explicit_sp || request.cfg != TopologyRequest::Cfg::kAuto ? str(" (", flags(), ")") : std::string());
@@ -164,7 +189,8 @@ TopologyPlan plan_topology(const TopologyRequest& request, const TopologyLimits&
   plan.predicted_dp = whole.predicted_dp;
   plan.reason = whole.reason;
   const bool automatic = request.sp == 0 && request.cfg == TopologyRequest::Cfg::kAuto;
-  if (!automatic || !l.groups_supported || whole.group_size != 1 || l.ranks < 2 || jobs < l.ranks + 1) return plan;
+  if (!automatic || !l.groups_supported || !l.costs.measured || whole.group_size != 1 || l.ranks < 2 || jobs < l.ranks + 1)
+    return plan;
   // A data-parallel batch: a tail of K jobs on groups of their own, after the first jobs - K.
   double best = whole.predicted * (1 - kTailGain);
   for (std::int64_t k = 1; k < l.ranks && jobs - k >= l.ranks; ++k) {

@@ -12,11 +12,14 @@
 //
 // `auto`: a batch with at least as many jobs as ranks is data parallel (every rank busy, no
 // exchange). With fewer jobs, a small cost model picks: each job costs its steps divided by the
-// group's speedup (kSpEfficiency per doubling of the SP degree and kCfgEfficiency for a CFG pair,
-// measured on the CPU by tools/bench_sequence_parallel.py), the jobs are listed in order onto the
+// group's speedup (TopologyCosts: sp_efficiency per doubling of the SP degree and cfg_efficiency
+// for a CFG pair, measured by tools/bench_sequence_parallel.py), the jobs are listed in order onto the
 // groups that free up first, and the shortest predicted batch wins, ties going to smaller groups.
 // So a single prompt takes every rank. An explicit --sp or --cfg-parallel uses the cost model
-// among the topologies it allows, whatever the batch, in one phase.
+// among the topologies it allows, whatever the batch, in one phase. The efficiencies are an input
+// per kind of device (TopologyCosts): on a device without measured figures (CUDA, until figures
+// measured on a GPU are committed) `auto` keeps what is safe: every rank its own job, or one group
+// of all the ranks for a single job, and no tail phase; the reason says so.
 //
 // The tail (plan_topology): under auto a batch with at least as many jobs as ranks may end in a
 // second phase. Its last K jobs (0 < K < ranks, and at least `ranks` jobs before them) wait until
@@ -44,6 +47,19 @@ struct TopologyRequest {
 int parse_sp(const std::string& text, const std::string& flag);
 TopologyRequest::Cfg parse_cfg_parallel(const std::string& text, const std::string& flag);
 
+// The cost model's figures for one kind of device: each doubling of the SP degree multiplies a
+// job's speed by 2 x sp_efficiency, a CFG pair by 2 x cfg_efficiency. Measured by
+// tools/bench_sequence_parallel.py (SP 2 and CFG 2 against one rank, in one run).
+struct TopologyCosts {
+  std::string device = "cpu";
+  double sp_efficiency = 0.69;   // CPU: SP 2 ran 1.38x one rank (docs/benchmarks.md)
+  double cfg_efficiency = 0.92;  // CPU: CFG 2 ran 1.85x one rank
+  bool measured = true;          // false: no figures for this device: auto keeps what is safe
+};
+// The figures committed for a kind of device: "cpu" (the values above); any other ("cuda"): none
+// measured yet.
+TopologyCosts topology_costs(const std::string& device_kind);
+
 // What the topology must respect.
 struct TopologyLimits {
   int ranks = 1;
@@ -53,6 +69,7 @@ struct TopologyLimits {
   std::vector<std::int64_t> tokens;   // per runnable job: the SP degree's upper bound
   bool groups_supported = true;       // false: the device cannot exchange activations
   std::string unsupported_why;        // why not, for the refusal of an explicit request
+  TopologyCosts costs;                // of the device the ranks compute on
 };
 
 struct Topology {
@@ -68,11 +85,8 @@ struct Topology {
   std::string label(bool guided) const;
 };
 
-inline constexpr double kSpEfficiency = 0.69;   // SP 2 ran 1.38x one rank (docs/benchmarks.md)
-inline constexpr double kCfgEfficiency = 0.92;  // CFG 2 ran 1.85x one rank
-
 // The speedup the cost model gives a job on `sp` ranks per branch, `cfg` on two branches' ranks.
-double predicted_speedup(int sp, bool cfg);
+double predicted_speedup(int sp, bool cfg, const TopologyCosts& costs = {});
 
 // A tail phase must predict at least this fraction less than data parallel throughout (the
 // model's speedups are measured, its list schedule is not: a marginal gain is not worth a phase).
