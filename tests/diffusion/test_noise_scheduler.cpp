@@ -89,14 +89,7 @@ std::vector<at::Tensor> run_chain(NoiseScheduler& s, at::Tensor sample, const at
   return outs;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlo::test::error_of;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

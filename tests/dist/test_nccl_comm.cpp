@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "dlo/dist/nccl_comm.h"
 
@@ -110,14 +111,7 @@ struct Rig {
   void script(std::initializer_list<R> states) { log.script.assign(states.begin(), states.end()); }
 };
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const dlo::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dlo::test::error_of;
 
 }  // namespace
 

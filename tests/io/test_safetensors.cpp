@@ -17,14 +17,7 @@ using dlo::test::TempDir;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlo::test::error_of;
 
 // Two tensors written with the dlo writer; values are index-derived so readers can check them.
 std::vector<TensorSpec> small_specs() {

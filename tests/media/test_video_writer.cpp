@@ -25,14 +25,7 @@ using dlo::test::TempDir;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dlo::test::error_of;
 
 // Frames with moving gradients and noise: [n][h][w][3]. `noise` is the amplitude (+-).
 std::vector<std::uint8_t> make_frames(int w, int h, int n, int noise, unsigned seed = 7) {

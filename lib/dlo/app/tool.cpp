@@ -176,19 +176,6 @@ int run_tool(const std::string& tool, const MpiWorld* world, const std::function
   }
 }
 
-void check_output_files(const MpiWorld& world, const std::vector<std::string>& files) {
-  std::string error;
-  for (const auto& f : files) {
-    if (f.empty()) continue;
-    try {
-      check_output_path(f);
-    } catch (const Error& e) {
-      error += (error.empty() ? "" : "; ") + std::string(e.what());
-    }
-  }
-  world.check_all(error, "output check");
-}
-
 int default_threads(const MpiWorld& world, std::string* why) {
   // This rank's CPUs and its node (a hash of the host name) to every rank.
   cpu_set_t mine;

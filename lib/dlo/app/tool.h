@@ -52,11 +52,6 @@ int run_tool(const std::string& tool, const MpiWorld* world, const std::function
 // on_every_rank() (which needs no abort) or the world has one rank.
 void end_all_ranks_unless_shared(const std::string& tool, const MpiWorld& world, const std::exception& e);
 
-// Collective: checks on every rank that each of `files` can be written (dlo::check_output_path:
-// a regular file or a new one in a writable folder; symlinks followed; devices, FIFOs and folders
-// refused). Any failure becomes the same dlo::Error on every rank. Empty paths are skipped.
-void check_output_files(const MpiWorld& world, const std::vector<std::string>& files);
-
 // Collective: the CPU threads each rank computes with when --threads is not given. OMP_NUM_THREADS
 // when set (Slurm scripts set it from SLURM_CPUS_PER_TASK); otherwise the cores of this rank's
 // affinity mask divided among the ranks of its node whose masks overlap it: all of them when the

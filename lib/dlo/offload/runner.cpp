@@ -13,7 +13,6 @@
 #include "dlo/dist/exchange_group.h"
 #include "dlo/dist/sequence_exchange.h"
 #include "dlo/mpi/mpi_world.h"
-#include "dlo/models/umt5.h"
 #include "dlo/models/torch_errors.h"
 #include "dlo/models/wan_transformer.h"
 
@@ -70,9 +69,9 @@ EngineStats sum_engine_stats(const std::vector<EngineStats>& all) {
   return t;
 }
 
-OffloadStack::OffloadStack(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
+OffloadStack::OffloadStack(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
                            const std::function<DType(const std::string&)>& packed_dtype, int ranks)
-    : plan_(std::make_unique<StackPlan>(ck, blocks, packed_dtype, ranks)) {}
+    : plan_(std::make_unique<StackPlan>(std::move(ck), blocks, packed_dtype, ranks)) {}
 
 void OffloadStack::ghost(const std::vector<BlockEngine*>& pass) {
   if (pass.empty())
@@ -100,17 +99,11 @@ std::vector<std::vector<std::string>> wan_blocks(const WanTransformerConfig& c) 
   return blocks;
 }
 
-std::vector<std::vector<std::string>> umt5_blocks(const Umt5Config& c) {
-  std::vector<std::vector<std::string>> blocks;
-  for (std::int64_t i = 0; i < c.num_layers; ++i) blocks.push_back(umt5_block_tensor_names(c, i));
-  return blocks;
-}
-
 }  // namespace
 
 // Blocks are packed in the dtype the model computes each tensor in: no conversion per block.
 WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks)
-    : OffloadStack(model.weights().checkpoint(), wan_blocks(model.config()),
+    : OffloadStack(model.weights().shared(), wan_blocks(model.config()),
                    [&model](const std::string& full) {
                      const std::string rel = full.substr(full.find('.', 7) + 1);  // drop "blocks.N."
                      return packed_dtype_for(wan_weight_dtype(rel, model.compute_dtype()));
@@ -316,23 +309,6 @@ std::vector<at::Tensor> WanOffloadRunner::forward_cfg(const ExchangeGroup& partn
   }
   if (const std::string why = group_failure(partners, failure); !why.empty()) throw BlockComputeError(why);
   return gather_all(partners, out.at(0));  // a failure here is the partners': it propagates
-}
-
-Umt5OffloadRunner::Umt5OffloadRunner(const Umt5Encoder& encoder, int ranks)
-    : OffloadStack(encoder.weights().checkpoint(), umt5_blocks(encoder.config()),
-                   [&encoder](const std::string& full) {
-                     return packed_dtype_for(umt5_weight_dtype(full, encoder.compute_dtype()));
-                   },
-                   ranks),
-      encoder_(encoder) {}
-
-at::Tensor Umt5OffloadRunner::encode(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
-  const auto& c = encoder_.config();
-  Umt5ForwardState s = encoder_.begin(input_ids, attention_mask);
-  engine().traverse([&](std::int64_t, const std::vector<at::Tensor>& w) {
-    s.h = umt5_block_forward(Umt5BlockWeights::bind(w, c), s, s.h, c);
-  });
-  return encoder_.end(s);
 }
 
 }  // namespace dlo

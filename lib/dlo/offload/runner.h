@@ -1,6 +1,5 @@
 // Running a model's forward passes through the offload engine: a model's block stack with its
-// plan, collective and engine (OffloadStack), and the Wan transformer's and UMT5's forwards
-// through it. How the ranks start a wave together is offload/wave.h.
+// plan, collective and engine (OffloadStack), and the Wan transformer's forwards through it. How the ranks start a wave together is offload/wave.h.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +21,6 @@ class MpiWorld;
 class Collective;
 class ExchangeGroup;
 class WanTransformer;
-class Umt5Encoder;
 
 // One branch of a Wan forward: latents, timestep and text context of one request.
 struct WanBranchInputs {
@@ -33,7 +31,7 @@ struct WanBranchInputs {
 class OffloadStack {
  public:
   // Plans `blocks` (full tensor names per block) of `ck` for `ranks` ranks.
-  OffloadStack(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
+  OffloadStack(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
                const std::function<DType(const std::string&)>& packed_dtype, int ranks);
   const StackPlan& plan() const { return *plan_; }
   // Creates the engine (after agree_wave has checked the layout). Keeps `collective` (if given)
@@ -55,6 +53,7 @@ class WanOffloadRunner : public OffloadStack {
  public:
   // `model` loaded with load_blocks=false; blocks packed in the dtypes the model computes them in.
   WanOffloadRunner(const WanTransformer& model, int ranks);
+  WanOffloadRunner(WanTransformer&&, int) = delete;  // the runner keeps the model: never a temporary
   // One forward of every branch (e.g. conditional and unconditional for guidance): each block's
   // weights are brought in once and every branch runs through it back to back, so guidance
   // streams the weights once per step. Outputs per branch, equal to separate forwards.
@@ -107,17 +106,6 @@ class WanOffloadRunner : public OffloadStack {
   void traverse(const std::function<void(std::int64_t, const std::vector<at::Tensor>&)>& compute,
                 const std::vector<BlockEngine*>& pass);
   const WanTransformer& model_;
-};
-
-// The UMT5 text encoder's blocks through the engine (an 11 GB encoder need not fit one device).
-class Umt5OffloadRunner : public OffloadStack {
- public:
-  Umt5OffloadRunner(const Umt5Encoder& encoder, int ranks);
-  // The pipeline's prompt embeddings, as Umt5Encoder::forward computes them.
-  at::Tensor encode(const at::Tensor& input_ids, const at::Tensor& attention_mask);
-
- private:
-  const Umt5Encoder& encoder_;
 };
 
 }  // namespace dlo
