@@ -150,8 +150,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     jo.model_dir = args["model"].as<std::string>();
     jo.expert = component;
     jo.dtype = dtype;
-    jo.offload = args["offload"].as<std::string>();
-    jo.device = args["device"].as<std::string>();
+    jo.offload = dlo::parse_strategy_request(args["offload"].as<std::string>(), "--offload");
+    jo.device = dlo::parse_device_request(args["device"].as<std::string>(), "--device");
     if (args.count("device-budget"))
       jo.device_budget = dlo::parse_bytes(args["device-budget"].as<std::string>(), "--device-budget");
     if (const char* id = std::getenv("NCCL_HOSTID")) jo.host_id = id;

@@ -11,6 +11,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dlo/dist/device.h"
+#include "dlo/offload/strategy.h"
+
 namespace dlo {
 
 class MpiWorld;
@@ -19,8 +22,8 @@ struct TransformerJobOptions {
   std::string model_dir;                 // model root (holds transformer/)
   std::string expert = "transformer";    // its folder: transformer, or transformer_2 (Wan2.2 A14B's low-noise expert)
   at::ScalarType dtype = at::kFloat;
-  std::string offload = "auto";          // auto or a strategy name (strategy_name)
-  std::string device = "auto";           // auto | cpu | cuda | cuda:N
+  StrategyRequest offload;               // default auto
+  DeviceRequest device;                  // default auto
   // Bytes of device memory each rank may use (auto's budget; mixed: how many blocks stay on the
   // device). Unset: the device's free memory (CPU: the host's, as the page cache).
   std::optional<std::uint64_t> device_budget;

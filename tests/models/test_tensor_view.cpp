@@ -4,6 +4,7 @@
 #include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "dlo/io/safetensors.h"
+#include "dlo/io/safetensors_writer.h"
 #include "dlo/models/tensor_view.h"
 
 using namespace dlo;

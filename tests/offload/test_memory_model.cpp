@@ -97,19 +97,19 @@ TEST_CASE("the other jobs a rank holds (prepared next, parked) count in every jo
   const std::vector<JobSpec> jobs = {job(256, 256, 17), job(480, 832, 81), job(256, 256, 17), job(256, 256, 17),
                                      job(256, 256, 17)};
   const JobMemory small = job_memory(m, jobs[0], at::kBFloat16), large = job_memory(m, jobs[1], at::kBFloat16);
-  const BatchMemoryPlan p = plan_batch_memory(m, jobs, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4);
+  const BatchMemoryPlan p = plan_batch_memory(m, jobs, StrategyRequest{}, stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4);
   CHECK(p.jobs_held == 4);
   CHECK(p.held == 4 * large.held);
   CHECK(p.working == large.working + 4 * large.held);
   CHECK(p.describe().find(" of it the 4 other job(s) a rank holds") != std::string::npos);
   // No more than the batch's other jobs: 2 jobs hold 1 beside each other, 1 job none.
-  CHECK(plan_batch_memory(m, {jobs[0], jobs[1]}, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4).jobs_held == 1);
-  CHECK(plan_batch_memory(m, {jobs[0]}, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4).held == 0);
+  CHECK(plan_batch_memory(m, {jobs[0], jobs[1]}, StrategyRequest{}, stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4).jobs_held == 1);
+  CHECK(plan_batch_memory(m, {jobs[0]}, StrategyRequest{}, stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4).held == 0);
   // A device just large enough for the small job alone refuses a batch of them with 4 held beside each.
   const std::uint64_t dev = 2 * stack.slot_bytes + stack.resident_bytes + small.working;
   const std::vector<JobSpec> smalls(5, jobs[0]);
-  CHECK(plan_batch_memory(m, smalls, "dlo", stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 0).refused.empty());
-  CHECK_THROWS_WITH(plan_batch_memory(m, smalls, "dlo", stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 4),
+  CHECK(plan_batch_memory(m, smalls, Strategy::kDlo, stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 0).refused.empty());
+  CHECK_THROWS_WITH(plan_batch_memory(m, smalls, Strategy::kDlo, stack, gpu(with_margin(dev), 200 * GB), at::kBFloat16, 4),
                     doctest::Contains("no job"));
 }
 
@@ -119,11 +119,11 @@ TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job t
   const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
   const MemoryBudget budget = gpu(80 * GB, 200 * GB);
   const std::vector<JobSpec> jobs = {job(480, 832, 81), job(16384, 16384, 1001), job(256, 256, 17)};
-  const BatchMemoryPlan p = plan_batch_memory(m, jobs, "auto", stack, budget, at::kBFloat16, 0);
+  const BatchMemoryPlan p = plan_batch_memory(m, jobs, StrategyRequest{}, stack, budget, at::kBFloat16, 0);
   REQUIRE(p.refused == std::vector<std::int64_t>{1});
   // With jobs held beside each other the job too large to run at all is not one of them: the
   // others still run (regression: its saturated figure, held beside them, refused the batch).
-  const BatchMemoryPlan held = plan_batch_memory(m, jobs, "auto", stack, budget, at::kBFloat16, 4);
+  const BatchMemoryPlan held = plan_batch_memory(m, jobs, StrategyRequest{}, stack, budget, at::kBFloat16, 4);
   CHECK(held.refused == std::vector<std::int64_t>{1});
   CHECK(held.jobs_held == 1);  // the one other runnable job
   CHECK(held.held == job_memory(m, jobs[0], at::kBFloat16).held);
@@ -132,7 +132,7 @@ TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job t
   // The same choice as auto makes for the largest job left (its working memory beside the
   // weights outside the blocks, which every rank keeps on the device).
   const StrategyChoice direct =
-      choose_strategy("auto", stack, stack.resident_bytes + job_memory(m, jobs[0], at::kBFloat16).working, budget);
+      choose_strategy(StrategyRequest{}, stack, stack.resident_bytes + job_memory(m, jobs[0], at::kBFloat16).working, budget);
   CHECK(p.choice.strategy == direct.strategy);
   CHECK(p.choice.reason == direct.reason);
   CHECK(p.working == job_memory(m, jobs[0], at::kBFloat16).working);
@@ -140,7 +140,7 @@ TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job t
   CHECK(p.describe().find("job 1 does not fit") != std::string::npos);
   // Nothing fits: the batch is refused before work, naming the job.
   const std::string err = dlo::test::error_of([&] {
-    plan_batch_memory(m, {jobs[1]}, "auto", stack, budget, at::kBFloat16, 0);
+    plan_batch_memory(m, {jobs[1]}, StrategyRequest{}, stack, budget, at::kBFloat16, 0);
   });
   CHECK_MESSAGE(err.find("no job of the batch fits in memory; the smallest, job 0 ('j16384'), needs about") == 0, err);
 }
@@ -185,7 +185,7 @@ TEST_CASE("a saturated figure never fits, whatever the budget (no wrap-around)")
   JobMemory j;
   j.working = kSaturated;
   CHECK(job_memory_problem({Strategy::kResident, 0, ""}, stack, j, gpu(kSaturated - 1, kSaturated - 1)) != "");
-  CHECK_THROWS_AS(choose_strategy("auto", stack, kSaturated, gpu(1000 * GB, 1000 * GB)), dlo::Error);
+  CHECK_THROWS_AS(choose_strategy(StrategyRequest{}, stack, kSaturated, gpu(1000 * GB, 1000 * GB)), dlo::Error);
 }
 
 TEST_CASE("the text encoder and the VAE on the device: bytes by hand, auto only where the transformer's strategy stays") {
@@ -209,7 +209,7 @@ TEST_CASE("the text encoder and the VAE on the device: bytes by hand, auto only 
   const JobMemory j = job_memory(m, jobs[0], at::kBFloat16);
   const std::uint64_t aux = text_encoder_device_bytes(xxl, at::kBFloat16) + vae_decoder_device_bytes(vae, at::kFloat) + j.decode;
   // 80 GB: resident with them on the device; the plan says so and where they go.
-  const BatchMemoryPlan roomy = plan_batch_memory(m, jobs, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 0,
+  const BatchMemoryPlan roomy = plan_batch_memory(m, jobs, StrategyRequest{}, stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 0,
                                                   AuxPlacement::kAuto, at::kFloat);
   CHECK(roomy.choice.strategy == Strategy::kResident);
   CHECK(roomy.aux_on_device);
@@ -218,25 +218,25 @@ TEST_CASE("the text encoder and the VAE on the device: bytes by hand, auto only 
                 roomy.aux_why);
   CHECK(roomy.describe().find("10.6 GiB on the device") != std::string::npos);
   // The host alone: the same choice, nothing on the device.
-  const BatchMemoryPlan host = plan_batch_memory(m, jobs, "auto", stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 0);
+  const BatchMemoryPlan host = plan_batch_memory(m, jobs, StrategyRequest{}, stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 0);
   CHECK_FALSE(host.aux_on_device);
   CHECK(host.aux_why.empty());
   // A device where resident fits only without them: auto keeps them on the host (the
   // transformer's placement first); cuda takes the device and the transformer streams.
   const std::uint64_t resident_needs = with_margin(stack.total() + stack.resident_bytes + j.working);
   const std::uint64_t tight_device = resident_needs + aux - GB / 2;
-  const BatchMemoryPlan tight = plan_batch_memory(m, jobs, "auto", stack, gpu(tight_device, 200 * GB), at::kBFloat16,
+  const BatchMemoryPlan tight = plan_batch_memory(m, jobs, StrategyRequest{}, stack, gpu(tight_device, 200 * GB), at::kBFloat16,
                                                   0, AuxPlacement::kAuto, at::kFloat);
   CHECK(tight.choice.strategy == Strategy::kResident);
   CHECK_FALSE(tight.aux_on_device);
   CHECK_MESSAGE(tight.aux_why.find("on the host: on the device they would leave the transformer ") != std::string::npos,
                 tight.aux_why);
-  const BatchMemoryPlan forced = plan_batch_memory(m, jobs, "auto", stack, gpu(tight_device, 200 * GB), at::kBFloat16,
+  const BatchMemoryPlan forced = plan_batch_memory(m, jobs, StrategyRequest{}, stack, gpu(tight_device, 200 * GB), at::kBFloat16,
                                                    0, AuxPlacement::kDevice, at::kFloat);
   CHECK(forced.aux_on_device);
   CHECK(forced.choice.strategy != Strategy::kResident);
   // A device with room for them alone: cuda is refused with the figures.
-  CHECK_THROWS_WITH(plan_batch_memory(m, jobs, "auto", stack, gpu(aux, 200 * GB), at::kBFloat16, 0, AuxPlacement::kDevice,
+  CHECK_THROWS_WITH(plan_batch_memory(m, jobs, StrategyRequest{}, stack, gpu(aux, 200 * GB), at::kBFloat16, 0, AuxPlacement::kDevice,
                                       at::kFloat),
                     doctest::Contains("--text-vae-device cuda: the text encoder (10.6 GiB) and the VAE ("));
 }

@@ -54,8 +54,9 @@ TEST_CASE("shards hold every byte of a block at each size around k * 256 * N, fo
     WriteOptions w;
     w.max_shard_bytes = 3000;  // several files: tensors come from different mappings
     write_random_checkpoint(dir.file("ck"), specs, [](const TensorSpec&) { return RandomInit{0.5, 3.0}; }, 9, w);
-    const Checkpoint ck = Checkpoint::open(dir.file("ck"));
-    const StackPlan plan(ck, blocks, [&](const std::string& n) { return ck.at(n).dtype; }, ranks);
+    const auto shared = std::make_shared<const Checkpoint>(Checkpoint::open(dir.file("ck")));
+    const Checkpoint& ck = *shared;
+    const StackPlan plan(shared, blocks, [&](const std::string& n) { return ck.at(n).dtype; }, ranks);
     REQUIRE(plan.num_blocks() == static_cast<std::int64_t>(blocks.size()));
 
     std::uint64_t largest = 0, total = 0;
@@ -100,8 +101,9 @@ TEST_CASE("a shard range that cuts a tensor packs exactly that range, converting
   // F32[100] packed as BF16 (200 bytes at 0) and F32[70] packed as F32 (280 bytes at 256).
   std::vector<TensorSpec> specs = {{"blocks.0.a", DType::F32, {100}}, {"blocks.0.b", DType::F32, {70}}};
   write_random_checkpoint(dir.file("ck"), specs, [](const TensorSpec&) { return RandomInit{0.0, 1.0}; }, 3, {});
-  const Checkpoint ck = Checkpoint::open(dir.file("ck"));
-  const StackPlan plan(ck, {{"blocks.0.a", "blocks.0.b"}},
+  const auto shared = std::make_shared<const Checkpoint>(Checkpoint::open(dir.file("ck")));
+  const Checkpoint& ck = *shared;
+  const StackPlan plan(shared, {{"blocks.0.a", "blocks.0.b"}},
                        [](const std::string& n) { return n == "blocks.0.a" ? DType::BF16 : DType::F32; }, 3);
   REQUIRE(plan.block(0).bytes == 256 + 280);
   CHECK(plan.shard_bytes(0) == 256);  // ceil(536 / 3) = 179 -> 256

@@ -88,56 +88,59 @@ TEST_CASE("auto prefers resident, then device shards, mixed, dlo, layerwise, and
   const StackSize s2 = blocks(10, 100, 2);
   const std::uint64_t w = 10 * MB, host = 100000 * MB;
   // 1000 + 10 (+101) fit 1200.
-  auto c = choose_strategy("auto", s2, w, device_budget(1200 * MB, host));
+  auto c = choose_strategy(StrategyRequest{}, s2, w, device_budget(1200 * MB, host));
   CHECK((c.strategy == Strategy::kResident));
   CHECK(has(c.reason, "fit the device budget"));
   // Resident needs 1111 > 800; shards 500 + slots 200 + 10 = 710 (+71) fit.
-  c = choose_strategy("auto", s2, w, device_budget(800 * MB, host));
+  c = choose_strategy(StrategyRequest{}, s2, w, device_budget(800 * MB, host));
   CHECK((c.strategy == Strategy::kDeviceShards));
   CHECK(c.device_blocks == 10);
   // 210 + 4 x 50 = 410 (+41 = 451) fits 500; a fifth shard (460 + 46) does not.
-  c = choose_strategy("auto", s2, w, device_budget(500 * MB, host));
+  c = choose_strategy(StrategyRequest{}, s2, w, device_budget(500 * MB, host));
   CHECK((c.strategy == Strategy::kMixed));
   CHECK(c.device_blocks == 4);
   CHECK(has(c.reason, "4 of 10 blocks"));
   // Room for the slots and the working memory (231) but no shard (286): host shards.
-  c = choose_strategy("auto", s2, w, device_budget(240 * MB, host));
+  c = choose_strategy(StrategyRequest{}, s2, w, device_budget(240 * MB, host));
   CHECK((c.strategy == Strategy::kDlo));
   // ... unless the host cannot keep the shards (500 MB) or the stack either: nothing fits.
-  CHECK_THROWS_WITH_AS(choose_strategy("auto", s2, w, device_budget(240 * MB, 400 * MB)),
+  CHECK_THROWS_WITH_AS(choose_strategy(StrategyRequest{}, s2, w, device_budget(240 * MB, 400 * MB)),
                        doctest::Contains("fit neither"), Error);
   // Mixed needs the host to keep the other blocks' shards (300 MB): not with 90 MB.
-  CHECK_THROWS_WITH_AS(choose_strategy("auto", s2, w, device_budget(500 * MB, 90 * MB)),
+  CHECK_THROWS_WITH_AS(choose_strategy(StrategyRequest{}, s2, w, device_budget(500 * MB, 90 * MB)),
                        doctest::Contains("fit neither"), Error);
   // Not even two slots and the activations.
-  CHECK_THROWS_WITH_AS(choose_strategy("auto", s2, 500 * MB, device_budget(240 * MB, host)),
+  CHECK_THROWS_WITH_AS(choose_strategy(StrategyRequest{}, s2, 500 * MB, device_budget(240 * MB, host)),
                        doctest::Contains("cannot hold even two block slots"), Error);
   // One rank: "device shards" would be the resident blocks plus slots, so never chosen; mixed keeps
   // whole blocks (210 + 100 = 310, +31 <= 440; 410 + 41 > 440); then layerwise.
   const StackSize s1 = blocks(10, 100, 1);
-  c = choose_strategy("auto", s1, w, device_budget(440 * MB, host));
+  c = choose_strategy(StrategyRequest{}, s1, w, device_budget(440 * MB, host));
   CHECK((c.strategy == Strategy::kMixed));
   CHECK(c.device_blocks == 1);
-  c = choose_strategy("auto", s1, w, device_budget(240 * MB, host));
+  c = choose_strategy(StrategyRequest{}, s1, w, device_budget(240 * MB, host));
   CHECK((c.strategy == Strategy::kLayerwise));
 }
 
 TEST_CASE("explicit strategies: mixed takes its block count from the budget, clamped, the host part is checked") {
   const StackSize s2 = blocks(10, 100, 2);
-  auto c = choose_strategy("mixed", s2, 10 * MB, device_budget(500 * MB, 0));
+  auto c = choose_strategy(Strategy::kMixed, s2, 10 * MB, device_budget(500 * MB, 0));
   CHECK((c.strategy == Strategy::kMixed));
   CHECK(c.device_blocks == 4);
-  CHECK(choose_strategy("mixed", s2, 0, device_budget(1, 0)).device_blocks == 1);
-  CHECK(choose_strategy("mixed", s2, 0, device_budget(100000 * MB, 0)).device_blocks == 9);
-  CHECK(choose_strategy("device-shards", s2, 0, device_budget(1, 0)).device_blocks == 10);
-  CHECK((choose_strategy("resident", s2, 0, device_budget(1, 0)).strategy == Strategy::kResident));
-  CHECK_THROWS_WITH_AS(choose_strategy("dlo", s2, 0, device_budget(1, 100 * MB)),
+  CHECK(choose_strategy(Strategy::kMixed, s2, 0, device_budget(1, 0)).device_blocks == 1);
+  CHECK(choose_strategy(Strategy::kMixed, s2, 0, device_budget(100000 * MB, 0)).device_blocks == 9);
+  CHECK(choose_strategy(Strategy::kDeviceShards, s2, 0, device_budget(1, 0)).device_blocks == 10);
+  CHECK((choose_strategy(Strategy::kResident, s2, 0, device_budget(1, 0)).strategy == Strategy::kResident));
+  CHECK_THROWS_WITH_AS(choose_strategy(Strategy::kDlo, s2, 0, device_budget(1, 100 * MB)),
                        doctest::Contains("of shards per rank on the host"), Error);
-  CHECK_THROWS_WITH_AS(choose_strategy("layerwise", s2, 0, device_budget(1, 100 * MB)),
+  CHECK_THROWS_WITH_AS(choose_strategy(Strategy::kLayerwise, s2, 0, device_budget(1, 100 * MB)),
                        doctest::Contains("keeps the whole stack"), Error);
-  CHECK_THROWS_WITH_AS(choose_strategy("fast", s2, 0, device_budget(1, 0)),
-                       doctest::Contains("unknown offload strategy 'fast'"), Error);
-  CHECK_THROWS_WITH_AS(choose_strategy("mixed", blocks(1, 100, 2), 0, device_budget(1, 0)),
+  // A name is read once, where it enters: the request carries the strategy, not its text.
+  CHECK_THROWS_WITH_AS(parse_strategy_request("fast", "--offload"),
+                       "--offload: 'fast' is not auto, resident, device-shards, mixed, dlo or layerwise", Error);
+  CHECK(parse_strategy_request("auto", "offload").is_auto());
+  CHECK((parse_strategy_request("device-shards", "offload").strategy == Strategy::kDeviceShards));
+  CHECK_THROWS_WITH_AS(choose_strategy(Strategy::kMixed, blocks(1, 100, 2), 0, device_budget(1, 0)),
                        doctest::Contains("at least 2 blocks"), Error);
 }
 
@@ -147,23 +150,23 @@ TEST_CASE("on the CPU without a device budget: the page cache, shared by the nod
   b.host_why = "test";
   b.host = 2000 * MB;
   b.ranks_per_node = 1;
-  auto c = choose_strategy("auto", blocks(20, 50, 4), 50 * MB, b);
+  auto c = choose_strategy(StrategyRequest{}, blocks(20, 50, 4), 50 * MB, b);
   CHECK((c.strategy == Strategy::kResident));
   CHECK(has(c.reason, "shared by the ranks of a node"));
   // 1000 + 50 (+105) > 600; shards 250 + slots 100 + 50 = 400 (+40) fit.
   b.host = 600 * MB;
-  c = choose_strategy("auto", blocks(20, 50, 4), 50 * MB, b);
+  c = choose_strategy(StrategyRequest{}, blocks(20, 50, 4), 50 * MB, b);
   CHECK((c.strategy == Strategy::kDlo));
   // Working memory counts once per rank of the node: 2 x 600 = 1200 < 1000 + 2 x 150 (+130).
   b.ranks_per_node = 2;
-  c = choose_strategy("auto", blocks(20, 50, 4), 150 * MB, b);
+  c = choose_strategy(StrategyRequest{}, blocks(20, 50, 4), 150 * MB, b);
   CHECK((c.strategy == Strategy::kDlo));
   b.host = 2000 * MB;
-  CHECK((choose_strategy("auto", blocks(20, 50, 4), 150 * MB, b).strategy == Strategy::kResident));
+  CHECK((choose_strategy(StrategyRequest{}, blocks(20, 50, 4), 150 * MB, b).strategy == Strategy::kResident));
   // One rank and too little memory: refused, naming the way to run it anyway.
   b.ranks_per_node = 1;
   b.host = 600 * MB;
-  CHECK_THROWS_WITH_AS(choose_strategy("auto", blocks(20, 50, 1), 50 * MB, b), doctest::Contains("do not fit this node"),
+  CHECK_THROWS_WITH_AS(choose_strategy(StrategyRequest{}, blocks(20, 50, 1), 50 * MB, b), doctest::Contains("do not fit this node"),
                        Error);
 }
 
@@ -195,10 +198,10 @@ TEST_CASE("two experts: joined stacks count both experts' blocks and two slots p
   // fits 2 slots + 4 shards (200 + 10 + 200); two experts' 4 slots + 10 leave no room for a 50 MB
   // shard (460): host shards.
   const MemoryBudget b = device_budget(500 * MB, 4000 * MB);
-  CHECK(choose_strategy("auto", blocks(10, 100, 2), 10 * MB, b).device_blocks == 4);
-  const StrategyChoice c = choose_strategy("auto", joined, 10 * MB, b);
+  CHECK(choose_strategy(StrategyRequest{}, blocks(10, 100, 2), 10 * MB, b).device_blocks == 4);
+  const StrategyChoice c = choose_strategy(StrategyRequest{}, joined, 10 * MB, b);
   CHECK((c.strategy == Strategy::kDlo));
-  CHECK_THROWS_WITH_AS(choose_strategy("auto", joined, 10 * MB, device_budget(350 * MB, 4000 * MB)),
+  CHECK_THROWS_WITH_AS(choose_strategy(StrategyRequest{}, joined, 10 * MB, device_budget(350 * MB, 4000 * MB)),
                        doctest::Contains("cannot hold even 4 block slots (2 per expert)"), Error);
   // Mixed's device blocks count from the first expert's block 0.
   StrategyChoice m{Strategy::kMixed, 7, "test"};

@@ -42,7 +42,7 @@ void append_result(const std::string& results, const std::string& id, std::int64
   dlo::JobResult r;
   r.id = id;
   r.index = index;
-  r.status = status;
+  r.status = dlo::parse_job_status(status);
   r.output = output;
   r.output_bytes = bytes;
   r.fingerprint = fingerprint;
@@ -148,7 +148,7 @@ TEST_CASE("the fingerprint says what a video is, not where: a job whose output m
   dlo::test::write_file(a.output, std::string(500, 'v'));
   dlo::test::write_file(moved.output, std::string(500, 'v'));
   std::map<std::string, dlo::PastResult> past;
-  past["a"] = {"ok", fp, a.output, 500};
+  past["a"] = {dlo::JobStatus::kOk, fp, a.output, 500};
   dlo::Manifest m;
   m.jobs = {moved};
   auto r = dlo::plan_resume(m, {fp}, past, false, {});

@@ -64,10 +64,10 @@ void Console::progress(const ProgressEvent& e) {
 
 void Console::result(const JobResult& r) {
   if (world_.rank() != 0 || !batch_) return;
-  const bool ok = r.status == "ok";
+  const bool ok = r.ok();
   if (!talk_ && ok) return;  // --quiet: failures only
   if (tty_ && talk_) std::cerr << "\r\033[K";
-  std::cerr << (tty_ ? "" : now_stamp() + " ") << "job " << r.index << " '" << r.id << "' " << r.status << " (rank "
+  std::cerr << (tty_ ? "" : now_stamp() + " ") << "job " << r.index << " '" << r.id << "' " << job_status_name(r.status) << " (rank "
             << r.rank << ", " << seconds(r.denoise_s + r.decode_s) << ")" << (ok ? " -> " + r.output : ": " + r.error)
             << "\n";
 }

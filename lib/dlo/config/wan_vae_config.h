@@ -10,7 +10,7 @@
 
 #include "dlo/io/dtype.h"
 #include "dlo/io/json_config.h"
-#include "dlo/io/safetensors_writer.h"
+#include "dlo/io/tensor_spec.h"
 
 namespace dlo {
 

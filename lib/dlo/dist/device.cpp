@@ -48,24 +48,43 @@ std::string bus_id(c10::Device d) {
 
 }  // namespace
 
-c10::Device pick_device(const std::string& requested, const MpiWorld& world, const std::string& what) {
-  if (requested == "cpu") return c10::kCPU;
+std::string DeviceRequest::text() const {
+  switch (kind) {
+    case Kind::kAuto: return "auto";
+    case Kind::kCpu: return "cpu";
+    case Kind::kCuda: return index < 0 ? std::string("cuda") : "cuda:" + std::to_string(index);
+  }
+  return "auto";
+}
+
+DeviceRequest parse_device_request(const std::string& text, const std::string& field) {
+  DeviceRequest r;
+  if (text == "auto") return r;
+  if (text == "cpu") {
+    r.kind = DeviceRequest::Kind::kCpu;
+    return r;
+  }
+  DLO_CHECK(text == "cuda" || text.rfind("cuda:", 0) == 0, field, ": '", text, "' is not auto, cpu, cuda or cuda:N");
+  r.kind = DeviceRequest::Kind::kCuda;
+  if (text.size() > 5) {
+    const std::string n = text.substr(5);
+    DLO_CHECK(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos && n.size() < 4, field, ": '", text,
+              "' is not cuda:N");
+    r.index = std::stoi(n);
+  }
+  return r;
+}
+
+c10::Device pick_device(const DeviceRequest& requested, const MpiWorld& world, const std::string& what) {
+  if (requested.kind == DeviceRequest::Kind::kCpu) return c10::kCPU;
   const int count = cuda_device_count();
-  if (requested == "auto") {
+  if (requested.kind == DeviceRequest::Kind::kAuto) {
     if (count == 0) return c10::kCPU;
     return make_current(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank() % count)));
   }
-  DLO_CHECK(requested == "cuda" || requested.rfind("cuda:", 0) == 0, what, ": '", requested,
-            "' is not auto, cpu, cuda or cuda:N");
-  DLO_CHECK(count > 0, what, " ", requested, ": no CUDA device is visible");
-  int index = world.local_rank() % count;
-  if (requested.size() > 5) {
-    const std::string n = requested.substr(5);
-    DLO_CHECK(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos && n.size() < 4, what, ": '",
-              requested, "' is not cuda:N");
-    index = std::stoi(n);
-  }
-  DLO_CHECK(index >= 0 && index < count, what, " ", requested, ": only ", count, " device(s) are visible");
+  DLO_CHECK(count > 0, what, " ", requested.text(), ": no CUDA device is visible");
+  const int index = requested.index < 0 ? world.local_rank() % count : requested.index;
+  DLO_CHECK(index < count, what, " ", requested.text(), ": only ", count, " device(s) are visible");
   return make_current(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)));
 }
 

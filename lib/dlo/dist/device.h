@@ -13,12 +13,21 @@ namespace dlo {
 
 class MpiWorld;
 
-// "auto": CUDA device (local rank mod visible devices) when a GPU is visible, else the CPU;
-// "cpu"; "cuda" (the auto pick among GPUs); "cuda:N". Throws dlo::Error naming `what` (the flag
-// or field) for anything else or a device that is not there. On CUDA it also makes the device
-// current for the calling thread, so that nothing (streams, events, a context) lands on device 0
-// by accident. Not collective.
-c10::Device pick_device(const std::string& requested, const MpiWorld& world, const std::string& what = "device");
+// What a run asks for (--device): read once from text where it enters (parse_device_request).
+struct DeviceRequest {
+  enum class Kind { kAuto, kCpu, kCuda } kind = Kind::kAuto;
+  int index = -1;  // kCuda: "cuda:N"'s N; -1: "cuda", local rank modulo the visible devices
+  std::string text() const;  // as written: "auto", "cpu", "cuda", "cuda:N"
+};
+// "auto", "cpu", "cuda" or "cuda:N"; anything else is a dlo::Error (input) naming `field`.
+DeviceRequest parse_device_request(const std::string& text, const std::string& field);
+
+// kAuto: the CUDA device (local rank mod visible devices) when a GPU is visible, else the CPU;
+// kCpu; kCuda: the auto pick among GPUs, or device N. Throws dlo::Error naming `what` (the flag
+// or field) for a device that is not there. On CUDA it also makes the device current for the
+// calling thread, so that nothing (streams, events, a context) lands on device 0 by accident.
+// Not collective.
+c10::Device pick_device(const DeviceRequest& requested, const MpiWorld& world, const std::string& what = "device");
 
 // Visible CUDA devices (0 without CUDA or a driver).
 int cuda_device_count();

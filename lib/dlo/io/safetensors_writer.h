@@ -14,16 +14,9 @@
 #include <vector>
 
 #include "dlo/io/dtype.h"
+#include "dlo/io/tensor_spec.h"
 
 namespace dlo {
-
-struct TensorSpec {
-  std::string name;
-  DType dtype = DType::F32;
-  std::vector<std::int64_t> shape;
-
-  std::uint64_t nbytes() const;
-};
 
 // Called once per tensor, in the order the data is laid out on disk, with a buffer of exactly
 // spec.nbytes() bytes to fill. `index` is the tensor's position in the `specs` vector.

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "dlo/common/error.h"
+#include "dlo/io/safetensors_writer.h"
 
 namespace dlo {
 

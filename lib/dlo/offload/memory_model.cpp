@@ -200,7 +200,7 @@ namespace {
 // The strategy for the largest job that leaves one (a job too large for every strategy must not
 // take the others down with it), and the jobs that cannot run beside it: p.choice, p.working,
 // p.refused and p.refused_why. Throws dlo::Error when no job fits.
-void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemory>& mem, const std::string& requested,
+void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemory>& mem, const StrategyRequest& requested,
                      const StackSize& stack, const MemoryBudget& budget, BatchMemoryPlan& p) {
   std::set<std::uint64_t, std::greater<>> candidates;
   for (const auto& m : mem) candidates.insert(working_for_choice(m, budget, stack));
@@ -242,7 +242,7 @@ void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemo
 }  // namespace
 
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
-                                  const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
+                                  const StrategyRequest& requested, const StackSize& stack, const MemoryBudget& budget,
                                   at::ScalarType dtype, int jobs_held, AuxPlacement aux, at::ScalarType vae_dtype) {
   BatchMemoryPlan p;
   std::vector<JobMemory> mem;

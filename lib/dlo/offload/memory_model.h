@@ -106,7 +106,7 @@ struct BatchMemoryPlan {
 // them on the host, and so it does when the device would take them only with a more offloaded
 // strategy for the transformer (its placement comes first).
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
-                                  const std::string& requested, const StackSize& stack, const MemoryBudget& budget,
+                                  const StrategyRequest& requested, const StackSize& stack, const MemoryBudget& budget,
                                   at::ScalarType dtype, int jobs_held, AuxPlacement aux = AuxPlacement::kHost,
                                   at::ScalarType vae_dtype = at::kFloat);
 

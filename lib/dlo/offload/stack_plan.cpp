@@ -15,9 +15,10 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / 
 
 }  // namespace
 
-StackPlan::StackPlan(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
+StackPlan::StackPlan(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
                      const std::function<DType(const std::string&)>& packed_dtype, int ranks)
-    : ck_(&ck), ranks_(ranks) {
+    : ck_(std::move(ck)), ranks_(ranks) {
+  DLO_ASSERT(ck_ != nullptr, "a stack plan needs a checkpoint");
   DLO_CHECK(ranks >= 1, "ranks must be >= 1");
   for (const auto& names : blocks) {
     BlockPlan b;
@@ -25,7 +26,7 @@ StackPlan::StackPlan(const Checkpoint& ck, const std::vector<std::vector<std::st
     for (const auto& name : names) {
       PackedTensor t;
       t.name = name;
-      t.source = &ck.at(name);
+      t.source = &ck_->at(name);
       t.dtype = packed_dtype(name);
       t.shape = t.source->shape;
       t.offset = round_up(offset, kTensorAlign);

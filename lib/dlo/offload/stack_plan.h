@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <functional>
 #include <string>
 #include <vector>
@@ -41,7 +42,8 @@ class StackPlan {
   // Plans `blocks` (each a list of full tensor names in packing order) of checkpoint `ck` for
   // `ranks` ranks; `packed_dtype(name)` gives each tensor's dtype in the layout. Throws
   // dlo::Error naming the checkpoint and tensor if one is missing.
-  StackPlan(const Checkpoint& ck, const std::vector<std::vector<std::string>>& blocks,
+  // The plan keeps the checkpoint (the engine packs from its mapping for as long as it runs).
+  StackPlan(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
             const std::function<DType(const std::string&)>& packed_dtype, int ranks);
 
   const Checkpoint& checkpoint() const { return *ck_; }
@@ -65,7 +67,7 @@ class StackPlan {
   std::vector<at::Tensor> views(std::int64_t i, std::byte* base, at::Device device) const;
 
  private:
-  const Checkpoint* ck_;
+  std::shared_ptr<const Checkpoint> ck_;
   int ranks_;
   std::vector<BlockPlan> blocks_;
 };

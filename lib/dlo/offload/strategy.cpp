@@ -112,13 +112,19 @@ const char* kNames = "auto, resident, device-shards, mixed, dlo or layerwise";
 
 }  // namespace
 
-StrategyChoice choose_strategy(const std::string& requested, const StackSize& stack, std::uint64_t working,
+StrategyRequest parse_strategy_request(const std::string& text, const std::string& field) {
+  if (text == "auto") return {};
+  const std::optional<Strategy> s = parse_strategy(text);
+  DLO_CHECK(s, field, ": '", text, "' is not ", kNames);
+  return *s;
+}
+
+StrategyChoice choose_strategy(const StrategyRequest& requested, const StackSize& stack, std::uint64_t working,
                                const MemoryBudget& budget) {
   const auto n = static_cast<std::int64_t>(stack.block_bytes.size());
   const std::uint64_t total = stack.total(), shards = stack.shards_total();
   const std::uint64_t slots = stack.slots_total();
-  const std::optional<Strategy> asked = requested == "auto" ? std::nullopt : parse_strategy(requested);
-  DLO_CHECK(requested == "auto" || asked, "unknown offload strategy '", requested, "' (", kNames, ")");
+  const std::optional<Strategy> asked = requested.strategy;
   const std::string dev = budget.device_is_host ? std::string("host") : str("device budget ", human_bytes(budget.device), " (", budget.device_why, ")");
   const std::string host = str("host budget ", budget.host == 0 ? std::string("unknown") : human_bytes(budget.host),
                                budget.host == 0 ? std::string() : str(" (", budget.host_why, ")"));
@@ -210,7 +216,7 @@ StrategyChoice choose_strategy(const std::string& requested, const StackSize& st
             ": use more ranks (on more nodes) or a smaller dtype");
 }
 
-StrategyChoice agree_strategy(const MpiWorld& world, const std::string& requested, const StackPlan& plan,
+StrategyChoice agree_strategy(const MpiWorld& world, const StrategyRequest& requested, const StackPlan& plan,
                               std::uint64_t working, c10::Device device, const DeviceSharing& sharing,
                               std::optional<std::uint64_t> device_budget) {
   const MemoryBudget budget = agree_memory_budget(world, device, sharing, device_budget);

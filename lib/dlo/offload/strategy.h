@@ -82,16 +82,28 @@ struct StrategyChoice {
 // wholly on the device gets device-shards, one with none there dlo, one in between mixed.
 std::vector<StrategyChoice> split_choice(const StrategyChoice& choice, const StackSize& joined);
 
-// `requested`: "auto" or a strategy name (strategy_name). `working`: the largest forward's bytes
+// What a run asks for: one strategy, or auto (choose_strategy decides). Text becomes a request
+// once, where it enters (a flag, a manifest key): parse_strategy_request.
+struct StrategyRequest {
+  std::optional<Strategy> strategy;  // nullopt: auto
+  StrategyRequest() = default;
+  StrategyRequest(Strategy s) : strategy(s) {}  // NOLINT(google-explicit-constructor): a strategy asks for itself
+  bool is_auto() const { return !strategy; }
+};
+// "auto" or a strategy name (strategy_name); a dlo::Error (input) naming `field` for anything else:
+// "<field>: 'fast' is not auto, resident, device-shards, mixed, dlo or layerwise".
+StrategyRequest parse_strategy_request(const std::string& text, const std::string& field);
+
+// `working`: the largest forward's bytes
 // beyond the weights (wan_forward_working_bytes). Pure: the same arguments give the same choice.
-// Throws dlo::Error for an unknown name, and when nothing fits (auto) or the requested strategy
-// cannot fit its host or device part, with the figures.
-StrategyChoice choose_strategy(const std::string& requested, const StackSize& stack, std::uint64_t working,
+// Throws dlo::Error when nothing fits (auto) or the requested strategy cannot fit its host or
+// device part, with the figures.
+StrategyChoice choose_strategy(const StrategyRequest& requested, const StackSize& stack, std::uint64_t working,
                                const MemoryBudget& budget);
 
 // Collective: agree_memory_budget, then choose_strategy on every rank (the same choice, as the
 // budget is agreed); a refusal is the same dlo::Error on every rank (MpiWorld::check_all).
-StrategyChoice agree_strategy(const MpiWorld& world, const std::string& requested, const StackPlan& plan,
+StrategyChoice agree_strategy(const MpiWorld& world, const StrategyRequest& requested, const StackPlan& plan,
                               std::uint64_t working, c10::Device device, const DeviceSharing& sharing,
                               std::optional<std::uint64_t> device_budget);
 

@@ -9,7 +9,7 @@
 
 namespace dlo {
 
-WaveDevice agree_device(const MpiWorld& world, const std::string& requested, const std::string& host_id,
+WaveDevice agree_device(const MpiWorld& world, const DeviceRequest& requested, const std::string& host_id,
                         const std::string& what) {
   WaveDevice d;
   std::string error;

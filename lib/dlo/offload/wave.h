@@ -31,7 +31,7 @@ struct WaveDevice {
   c10::Device device = c10::kCPU;
   DeviceSharing sharing;
 };
-WaveDevice agree_device(const MpiWorld& world, const std::string& requested, const std::string& host_id,
+WaveDevice agree_device(const MpiWorld& world, const DeviceRequest& requested, const std::string& host_id,
                         const std::string& what);
 
 // Everyone's view of a fixed wave.

@@ -115,7 +115,7 @@ ResumeResult plan_resume(const Manifest& m, const std::vector<std::string>& fing
     }
     // An ok line for this job's video where the job now puts it (a job whose output moved is rendered
     // at its new place; the fingerprint says what a video is, not where).
-    const bool ok_here = it != past.end() && it->second.status == "ok" &&
+    const bool ok_here = it != past.end() && it->second.status == JobStatus::kOk &&
                          canonical_path(it->second.output) == canonical_path(j.output);
     if (ok_here && output_intact(j.output, it->second.output_bytes)) {
       if (fingerprints[i] == it->second.fingerprint)

@@ -30,10 +30,18 @@ std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const st
   return sha256_hex(text.data(), text.size()).substr(0, 16);
 }
 
+const char* job_status_name(JobStatus status) { return status == JobStatus::kOk ? "ok" : "failed"; }
+
+JobStatus parse_job_status(const std::string& name) {
+  if (name == "ok") return JobStatus::kOk;
+  DLO_CHECK_KIND(ErrorKind::kInternal, name == "failed", "job status '", name, "' is not ok or failed");
+  return JobStatus::kFailed;
+}
+
 std::string result_line(const JobResult& r) {
   ojson j = {{"id", r.id},
             {"index", r.index},
-            {"status", r.status},
+            {"status", job_status_name(r.status)},
             {"error", r.error},
             {"rank", r.rank},
             {"ranks", r.ranks.empty() ? std::vector<int>{r.rank} : r.ranks},
@@ -62,7 +70,7 @@ JobResult result_from_line(const std::string& line) {
     JobResult r;
     r.id = j.at("id");
     r.index = j.at("index");
-    r.status = j.at("status");
+    r.status = parse_job_status(j.at("status").get<std::string>());
     r.error = j.at("error");
     r.rank = j.at("rank");
     r.ranks = j.value("ranks", std::vector<int>{r.rank});  // absent in lines of earlier versions
@@ -105,10 +113,12 @@ std::map<std::string, PastResult> read_results(const std::string& path) {
     pos = nl + 1;
     try {
       const ojson j = ojson::parse(line);
-      out[j.at("id").get<std::string>()] = {j.at("status"), j.at("fingerprint"), j.at("output"),
-                                            j.value("output_bytes", std::int64_t{-1})};
+      out[j.at("id").get<std::string>()] = {parse_job_status(j.at("status").get<std::string>()), j.at("fingerprint"),
+                                            j.at("output"), j.value("output_bytes", std::int64_t{-1})};
     } catch (const ojson::exception&) {
       // Not a record (hand-edited, foreign): skipped; the job is redone.
+    } catch (const Error&) {
+      // A status that is neither ok nor failed: the same.
     }
   }
   return out;

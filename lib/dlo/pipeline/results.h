@@ -14,12 +14,18 @@
 
 namespace dlo {
 
+// A job's outcome: "ok" or "failed" in results.jsonl.
+enum class JobStatus { kOk, kFailed };
+const char* job_status_name(JobStatus status);
+// The status named `name`; throws dlo::Error (internal) for any other text.
+JobStatus parse_job_status(const std::string& name);
+
 // What happened to one job: its results.jsonl line.
 struct JobResult {
   std::string id;
   std::int64_t index = -1;    // in the batch
-  std::string status = "ok";  // ok | failed
-  std::string error;
+  JobStatus status = JobStatus::kOk;
+  std::string error;          // failed: why
   int rank = 0;                // the rank that decoded and wrote it (its group's first)
   std::vector<int> ranks;      // every rank that denoised it (empty: `rank` alone)
   std::string parallel = "dp"; // how: dp, sp N, cfg 2, cfg 2 x sp N (pipeline/topology.h)
@@ -35,6 +41,8 @@ struct JobResult {
   // Recorded by a later run from the output's own metadata (the run that rendered it stopped
   // before recording it): no timings, memory or frames_sha256.
   bool recovered = false;
+
+  bool ok() const { return status == JobStatus::kOk; }
 };
 
 // The fingerprint of everything that decides a job's output bytes: 16 hex digits of a sha256 over
@@ -54,7 +62,8 @@ JobResult result_from_line(const std::string& line);
 
 // What an earlier run recorded for each job id: the last line's status, fingerprint and output.
 struct PastResult {
-  std::string status, fingerprint, output;
+  JobStatus status = JobStatus::kFailed;
+  std::string fingerprint, output;
   std::int64_t output_bytes = -1;  // -1: not recorded (lines of earlier versions)
 };
 // Reads `path` (absent: empty). Lines that do not parse (a cut last line) are skipped. Throws
