@@ -757,7 +757,7 @@ def check(args):
 
 
 def parser():
-    """The recipe's flags and defaults (tools/bench_train_step.py builds its model from them too)."""
+    """The recipe's flags and defaults (research/demo-model/bench_train_step.py builds its model from them too)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the model folder to write (replaced)")
     ap.add_argument("--work", default="out/train-demo", help="stages kept here; a rerun resumes after the last")

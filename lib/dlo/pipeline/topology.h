@@ -13,7 +13,7 @@
 // `auto`: a batch with at least as many jobs as ranks is data parallel (every rank busy, no
 // exchange). With fewer jobs, a small cost model picks: each job costs its steps divided by the
 // group's speedup (kSpEfficiency per doubling of the SP degree and kCfgEfficiency for a CFG pair,
-// measured on the CPU by tools/bench_sequence_parallel.py), the jobs are listed in order onto the
+// measured on the CPU by tools/bench/bench_sequence_parallel.py), the jobs are listed in order onto the
 // groups that free up first, and the shortest predicted batch wins, ties going to smaller groups.
 // So a single prompt takes every rank. An explicit --sp or --cfg-parallel uses the cost model
 // among the topologies it allows, whatever the batch, in one phase.

@@ -9,8 +9,8 @@
 
 The engine's own cost per block transition is measured by build/bin/dlo-bench-engine.
 Ratios are measured in one run of this script; the machine is shared and noisy.
-  .venv/bin/python tools/bench_offload.py --bin build/bin overlap guidance
-  .venv/bin/python tools/bench_offload.py --bin build/bin memory scale --work /var/tmp
+  .venv/bin/python tools/bench/bench_offload.py --bin build/bin overlap guidance
+  .venv/bin/python tools/bench/bench_offload.py --bin build/bin memory scale --work /var/tmp
 """
 import argparse
 import json

@@ -17,7 +17,7 @@
    de-normalise + decode, no process start or loading) vs diffusers (WanPipeline's decode step),
    one run each, at the same thread count. Reported as the ratio ours / diffusers.
 
-  .venv/bin/python tools/bench_vae_memory.py --bin build/bin [--threads 2] [--height 6 --width 8]
+  .venv/bin/python tools/bench/bench_vae_memory.py --bin build/bin [--threads 2] [--height 6 --width 8]
 """
 import argparse
 import json

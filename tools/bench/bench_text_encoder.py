@@ -10,7 +10,7 @@ same dtype and thread count, in --rounds interleaved rounds (each side warmed up
 (other load only adds time, so the minimum is the stable estimate on a shared machine) and of the
 medians.
 
-  .venv/bin/python tools/bench_text_encoder.py --bin build/bin [--threads 2] [--dtype fp32|bf16]
+  .venv/bin/python tools/bench/bench_text_encoder.py --bin build/bin [--threads 2] [--dtype fp32|bf16]
 """
 import argparse
 import json

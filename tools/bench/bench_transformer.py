@@ -8,7 +8,7 @@
 2. Memory: RSS growth from building the model out of a generated full 1.3B-shape bf16 checkpoint
    (~2.8 GB) to just before the first forward (the weights are mmap views, so this stays small).
 
-  .venv/bin/python tools/bench_transformer.py --bin build/bin [--threads 2] [--layers 4] [--runs 5] [--work DIR]
+  .venv/bin/python tools/bench/bench_transformer.py --bin build/bin [--threads 2] [--layers 4] [--runs 5] [--work DIR]
 """
 import argparse
 import json

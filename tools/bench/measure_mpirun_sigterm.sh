@@ -3,7 +3,7 @@
 # of 20 small jobs on 2 ranks, sends SIGTERM to mpirun after DELAY seconds, and prints mpirun's
 # exit code, how long it took to end, the last log lines, the results recorded and whether the
 # output folder's lock was left.
-#   tools/measure_mpirun_sigterm.sh [BIN_DIR] [DELAY_S] [SLOW_DECODE_MS]
+#   tools/bench/measure_mpirun_sigterm.sh [BIN_DIR] [DELAY_S] [SLOW_DECODE_MS]
 # SLOW_DECODE_MS > 0 makes every decode that slow (a test hook), so the ranks cannot stop within
 # Open MPI's odls_base_sigkill_timeout (1 s by default) and are SIGKILLed.
 set -uo pipefail
