@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Probes behind docs/benchmarks.md's "why more transformer steps do not fix direction".
+"""Probes behind diary.md's "why more transformer steps do not fix direction" and the chapters after it.
 
   1. latents: share of latent pixels that are the object (max |normalised value| > 2), their RMS
      against the background's, after the VAE config's per-channel normalisation (times --scale);

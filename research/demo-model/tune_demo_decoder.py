@@ -20,7 +20,7 @@ Writes a copy of --model with the tuned VAE (bf16). Judge the result with probe 
 samples, decoded by the new VAE) or research/demo-model/bench_demo_quality.py. Not part of the recipe: in probe
 14's samples the shape went from 50.8% to 50.8% (clips) and 51.7-53.8% (samples: squares gained
 corners, triangles were drawn as circles), and the reconstructions of real frames got worse
-(docs/benchmarks.md, "the transformer writes the square").
+(diary.md, "the transformer writes the square").
   .venv/bin/python research/demo-model/tune_demo_decoder.py --model configs/demo-model --out out/demo-ft --pairs clips
 """
 import argparse
