@@ -40,8 +40,9 @@ rc=0
 [ "$rc" = 2 ] || { cat "$T/log2"; fail "an extra file in out/demo/model: exit $rc, want 2"; }
 grep -q "out/demo/model holds what configs/demo-model does not: tokenizer.json" "$T/log2" ||
   { cat "$T/log2"; fail "the refusal does not name the extra file"; }
-[ -f "$R/out/demo/model/tokenizer.json" ] && [ -f "$V/NOTES.txt" ] && [ -f "$V/red-circle-left.mp4" ] ||
-  fail "the refused demo deleted files"
+for f in "$R/out/demo/model/tokenizer.json" "$V/NOTES.txt" "$V/red-circle-left.mp4"; do
+  [ -f "$f" ] || fail "the refused demo deleted $f"
+done
 
 # 3.
 rm "$R/out/demo/model/tokenizer.json"

@@ -32,7 +32,7 @@ expect_rc() {
   grep -q -- "$pattern" "$T/out" || { cat "$T/out"; fail "$what: no line matching '$pattern'"; }
   ! grep -q Traceback "$T/out" || { cat "$T/out"; fail "$what: a traceback"; }
 }
-ALL=(--max-misses colour=0,direction=0,shape=0)
+ALL=(--max-misses "colour=0,direction=0,shape=0")
 expect_rc 0 "a square moving left" "direction left shape square; moved 0.50" -- "$T/left.mp4" --prompt "$LEFT" "${ALL[@]}"
 expect_rc 0 "the same as FFV1" "direction left shape square" -- "$T/left.mkv" --prompt "$LEFT" "${ALL[@]}"
 # N4: nothing moves, so there is no direction, and it is a miss.
