@@ -846,6 +846,7 @@ def main():
         ap.error("--twin-loss needs --shape-twins")
     if args.travel:
         world.TRAVEL = tuple(float(v) for v in args.travel.split(","))
+        world.MIN_TRAVEL = world.TRAVEL[0] / 2  # the judge's threshold follows, as demo_world defines it
     os.makedirs(args.work, exist_ok=True)
     t0 = time.time()
     base = os.path.join(args.work, "base")
