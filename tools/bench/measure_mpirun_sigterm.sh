@@ -28,5 +28,6 @@ wait "$M"
 rc=$?
 echo "mpirun exit code $rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms after SIGTERM"
 grep -E "stopped by signal|job\(s\) done" "$T/log" || echo "(no stop message: the ranks were killed)"
-echo "results recorded: $(grep -c '"status":"ok"' "$T/out/results.jsonl" 2>/dev/null || echo 0); videos: $(ls "$T/out"/*.mp4 2>/dev/null | wc -l)"
+ok=$(grep -c '"status":"ok"' "$T/out/results.jsonl" 2>/dev/null) || true
+echo "results recorded: ${ok:-0}; videos: $(ls "$T/out"/*.mp4 2>/dev/null | wc -l)"
 [ -e "$T/out/.dlo-generate.lock" ] && echo "the lock was left behind" || echo "the lock was released"
