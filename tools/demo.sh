@@ -8,20 +8,34 @@
 # across the frame (it draws the asked colour and direction in every video, the shape in about 57%); it is installed as out/demo/model. Afterwards the script writes a strip of
 # frames of the first video (out/demo/strip.png) and, with the project's Python, checks every
 # video's colour, shape and direction against its prompt (tools/check_demo_video.py).
-# A rerun skips what is done (results.jsonl).
+# A rerun skips what is done (results.jsonl); after a new model it renders every job again over
+# its own videos (--force). It deletes nothing: a file in out/demo/model that the demo model does
+# not have stops it (exit 2) with the path to remove.
 #   tools/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 OUT=out/demo   # jobs/demo.yaml names out/demo/model and out/demo/videos
-mkdir -p "$OUT"
+NEW="$OUT/model-installed"   # there while the videos may be of an older model
+mkdir -p "$OUT/model"
 if ! diff -rq configs/demo-model "$OUT/model" >/dev/null 2>&1; then
-  # A new (or first) model: videos of another model's weights would be refused as changed jobs.
-  rm -rf "$OUT/model" "$OUT/videos"
-  cp -r configs/demo-model "$OUT/model"
+  # Files the demo model lacks would become part of it (a tokenizer.json, say): not ours to delete.
+  src=$PWD/configs/demo-model
+  extra=$(cd "$OUT/model" && find . -mindepth 1 \( -exec test -e "$src/{}" \; -o -printf '%P\n' -prune \))
+  if [ -n "$extra" ]; then
+    echo "tools/demo.sh: $OUT/model holds what configs/demo-model does not: ${extra//$'\n'/, }" >&2
+    echo "tools/demo.sh: remove them (or the whole $OUT/model) and run again" >&2
+    exit 2
+  fi
+  touch "$NEW"
+  cp -r configs/demo-model/. "$OUT/model/"
 fi
-mpirun -np 2 build/bin/dlo-generate --jobs jobs/demo.yaml --offload dlo --threads 1
+# Videos of another model's weights are refused as changed jobs: a new model renders them again.
+force=()
+[ ! -e "$NEW" ] || force=(--force)
+mpirun -np 2 build/bin/dlo-generate --jobs jobs/demo.yaml --offload dlo --threads 1 "${force[@]}"
+rm -f "$NEW"
 first="$OUT/videos/red-circle-left.mp4"
 # Every 4th frame of the 17, enlarged 3x without smoothing, side by side.
 ffmpeg -v error -y -i "$first" -vf "select='not(mod(n\,4))',scale=192:192:flags=neighbor,tile=5x1:padding=4:color=white" \

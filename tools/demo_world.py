@@ -23,6 +23,9 @@ SHAPES = ("circle", "square", "triangle")
 # How far the object travels over a clip, as a share of the frame along its direction (drawn
 # uniformly from this range per clip).
 TRAVEL = (0.36, 0.68)
+# A video whose object moves less than this (the same share) has no direction: half the shortest
+# travel, so a still or a barely moving object never counts as moving any way.
+MIN_TRAVEL = TRAVEL[0] / 2
 # The object's width, as a share of a sixth of the frame's shorter side (drawn per clip).
 SIZE = (0.9, 1.15)
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows down
@@ -131,7 +134,8 @@ def judge(frames, text):
     """What a video [F, H, W, 3] uint8 shows, against its prompt.
 
     Returns a dict: the object's colour (nearest of the five to its mean pixel), direction (the
-    larger component of the move from the first frame's centroid to the last's), distance moved
+    larger component of the move from the first frame's centroid to the last's; None when that
+    component is under MIN_TRAVEL of the frame, so a still video has no direction), distance moved
     (as a share of the frame), shape (the ideal fill nearest to the mean fill of its bounding
     box), and whether each matches the prompt. Object pixels are those more than 60 from the
     background and at least half the frame's largest distance from it (the half-coverage edge).
@@ -166,6 +170,8 @@ def judge(frames, text):
         direction, distance = ("right" if mx > 0 else "left"), abs(mx) / width
     else:
         direction, distance = ("down" if my > 0 else "up"), abs(my) / height
+    if distance < MIN_TRAVEL:
+        direction = None
     result.update(colour=colour, shape=shape, direction=direction, distance=round(float(distance), 3),
                   fill=round(fill, 3), mean_rgb=[round(float(v), 1) for v in mean_rgb],
                   colour_ok=colour == want_colour, shape_ok=shape == want_shape,

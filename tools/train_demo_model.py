@@ -21,7 +21,7 @@ in them (a linear probe read it in 54% of frames, the VAE's own reconstructions 
 hold a 2x2 patch of latent pixels across all five latent frames (patch_size [5, 2, 2]: 80 numbers;
 width 160, 64 tokens): with Wan's one frame per token ([1, 2, 2]) a model this small drew each
 latent frame from that frame's own noise, so objects jumped between frames and the direction was
-at chance (docs/benchmarks.md, "The demo model"); a token that holds its whole trajectory draws it
+at chance (research/demo-model/diary.md); a token that holds its whole trajectory draws it
 in one piece, and attention only has to agree between neighbouring tokens. 2x2 rather than 4x4
 patches (16 tokens of 320 numbers at width 320): a little slower per step (5.7-6.0 against 6.7
 steps/s), a quarter of the weights, and a lower loss (0.29 against 0.45). The VAE decodes its
@@ -34,7 +34,7 @@ half the steps at twice the rate in 48% (50% on three times the clips, 50% from 
 Fixed seed; 83 minutes on 2 cores (VAE 13 min, latents 3, transformer 67). The same files come
 back on the same machine; on another CPU the floats differ, and with them the VAE (on an AMD EPYC
 of 2026-12-05 its colours lay nearer the background) and the time (about 100 minutes there, estimated):
-docs/benchmarks.md, "A recipe within the hour, and on another CPU". CPU only; Python is for
+research/demo-model/diary.md, "A recipe within the hour, and on another CPU". CPU only; Python is for
 making the model, never at run time. The shipped model is:
   .venv/bin/python tools/train_demo_model.py --out configs/demo-model --no-check
 """
@@ -219,7 +219,7 @@ def train_vae(args, work):
             # object is then gone, and only what every latent pixel of the object says (as a colour
             # is said) can give the decoder the shape. Tried at 1.0 with 4 layers: the pixels then
             # carry the shape in 70% of blurred reconstructions, but the transformer draws it in
-            # 41% of videos, as without (docs/benchmarks.md, 2026-12-06 (later)).
+            # 41% of videos, as without (research/demo-model/diary.md, 2026-12-06 (later)).
             blurred = (torch.rand(mu.shape[0]) < args.vae_blur_share).view(-1, 1, 1, 1, 1)
             z = torch.where(blurred, blur_latents(mu, args.vae_blur), mu)
         y = vae.decode(z + args.vae_latent_noise * spread * torch.randn_like(mu)).sample
@@ -516,7 +516,7 @@ def zero_init(model):
     feed-forward (chunks 2 and 5 of each block's scale_shift_table and of the shared time_proj's
     output), the cross-attention's output projection (Wan adds it ungated) and proj_out are set to
     zero; the rest keeps diffusers' initialisation. The class, its config and its forward are
-    unchanged. Measured in docs/benchmarks.md ("DiT's zero start"): 3% lower loss, same shape."""
+    unchanged. Measured in research/demo-model/diary.md ("DiT's zero start"): 3% lower loss, same shape."""
     dim = model.config.num_attention_heads * model.config.attention_head_dim
     with torch.no_grad():
         proj = model.condition_embedder.time_proj
@@ -571,7 +571,7 @@ def train_transformer(args, work, base, data, vae):
         # less in most heads from sigma 0.6 down; probe 13). Scaling the cross-attention's q and k
         # norms' weights scales every logit: the prompt's tokens can then outbid the padding's
         # log(500) head start. Tried at 4 with 4 layers: the trained model ends with similar shares
-        # and the same shape, 40% (docs/benchmarks.md, 2026-12-06 (later)).
+        # and the same shape, 40% (research/demo-model/diary.md, 2026-12-06 (later)).
         with torch.no_grad():
             for block in model.blocks:
                 block.attn2.norm_q.weight.mul_(math.sqrt(args.cross_attn_gain))
@@ -757,7 +757,7 @@ def check(args):
 
 
 def parser():
-    """The recipe's flags and defaults (tools/bench_train_step.py builds its model from them too)."""
+    """The recipe's flags and defaults (research/demo-model/bench_train_step.py builds its model from them too)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the model folder to write (replaced)")
     ap.add_argument("--work", default="out/train-demo", help="stages kept here; a rerun resumes after the last")
@@ -846,6 +846,7 @@ def main():
         ap.error("--twin-loss needs --shape-twins")
     if args.travel:
         world.TRAVEL = tuple(float(v) for v in args.travel.split(","))
+        world.MIN_TRAVEL = world.TRAVEL[0] / 2  # the judge's threshold follows, as demo_world defines it
     os.makedirs(args.work, exist_ok=True)
     t0 = time.time()
     base = os.path.join(args.work, "base")

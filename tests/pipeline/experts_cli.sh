@@ -12,7 +12,7 @@
 #     and 12), where ranks park jobs and start others early, gives each job the frames it has
 #     alone and without alignment, at 2 and 3 ranks (how many passes it saves also depends on
 #     the tail's timing, so it is reported here, asserted in test_job_scheduler, measured by
-#     tools/bench_experts.py);
+#     tools/bench/bench_experts.py);
 #  3. --dry-run counts both experts (their blocks, 2 slots each);
 #  4. a guidance_2 that would do nothing (guidance <= 1) is refused by name before any work: exit 2;
 #     one from defaults (the manifest's, the model's dlo_defaults.json) beside guidance 1 is not;

@@ -427,7 +427,7 @@ TEST_CASE("two experts: alignment on random mixed batches (12 jobs of 3-12 steps
   }
 }
 TEST_CASE("two experts: with preparations that take passes, alignment adds no ghost pass") {
-  // The 12-job batch of tools/bench_experts.py's case D: 16 steps at shift 12 (10 high-noise) and 8
+  // The 12-job batch of tools/bench/bench_experts.py's case D: 16 steps at shift 12 (10 high-noise) and 8
   // at shift 3 (2 high-noise), alternating; a job is ready 0, 2 or 4 boundaries after it was given.
   std::vector<std::int64_t> steps, high;
   for (int j = 0; j < 12; ++j) {

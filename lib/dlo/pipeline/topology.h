@@ -13,7 +13,7 @@
 // `auto`: a batch with at least as many jobs as ranks is data parallel (every rank busy, no
 // exchange). With fewer jobs, a small cost model picks: each job costs its steps divided by the
 // group's speedup (TopologyCosts: sp_efficiency per doubling of the SP degree and cfg_efficiency
-// for a CFG pair, measured by tools/bench_sequence_parallel.py), the jobs are listed in order onto the
+// for a CFG pair, measured by tools/bench/bench_sequence_parallel.py), the jobs are listed in order onto the
 // groups that free up first, and the shortest predicted batch wins, ties going to smaller groups.
 // So a single prompt takes every rank. An explicit --sp or --cfg-parallel uses the cost model
 // among the topologies it allows, whatever the batch, in one phase. The efficiencies are an input
@@ -49,7 +49,7 @@ TopologyRequest::Cfg parse_cfg_parallel(const std::string& text, const std::stri
 
 // The cost model's figures for one kind of device: each doubling of the SP degree multiplies a
 // job's speed by 2 x sp_efficiency, a CFG pair by 2 x cfg_efficiency. Measured by
-// tools/bench_sequence_parallel.py (SP 2 and CFG 2 against one rank, in one run).
+// tools/bench/bench_sequence_parallel.py (SP 2 and CFG 2 against one rank, in one run).
 struct TopologyCosts {
   std::string device = "cpu";
   double sp_efficiency = 0.69;   // CPU: SP 2 ran 1.38x one rank (docs/benchmarks.md)

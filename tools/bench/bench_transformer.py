@@ -8,27 +8,26 @@
 2. Memory: RSS growth from building the model out of a generated full 1.3B-shape bf16 checkpoint
    (~2.8 GB) to just before the first forward (the weights are mmap views, so this stays small).
 
-  .venv/bin/python tools/bench_transformer.py --bin build/bin [--threads 2] [--layers 4] [--runs 5] [--work DIR]
+  .venv/bin/python tools/bench/bench_transformer.py --bin build/bin [--threads 2] [--layers 4] [--runs 5] [--work DIR]
 """
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
 import torch
 from safetensors.torch import save_file
 
+import benchlib
+
 
 def run(cmd):
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    benchlib.run(cmd, environ=os.environ)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__, json_out=False)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])

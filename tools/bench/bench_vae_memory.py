@@ -17,9 +17,8 @@
    de-normalise + decode, no process start or loading) vs diffusers (WanPipeline's decode step),
    one run each, at the same thread count. Reported as the ratio ours / diffusers.
 
-  .venv/bin/python tools/bench_vae_memory.py --bin build/bin [--threads 2] [--height 6 --width 8]
+  .venv/bin/python tools/bench/bench_vae_memory.py --bin build/bin [--threads 2] [--height 6 --width 8]
 """
-import argparse
 import json
 import os
 import subprocess
@@ -29,6 +28,8 @@ import tempfile
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+import benchlib
 
 # The diffusers side, in its own process so that its peak RSS is its own.
 CHILD = r"""import json, sys, time
@@ -83,8 +84,7 @@ def mib(kb):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__, json_out=False)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vae-preset", default="wan2.1-vae")
     ap.add_argument("--vae-base-dim", type=int, default=None)
@@ -98,11 +98,9 @@ def main():
 
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         model = os.path.join(tmp, "model")
-        cmd = [os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--components", "vae", "--vae-preset",
-               args.vae_preset, "--vae-dtype", "fp32", "--shard-size", "0"]
-        if args.vae_base_dim:
-            cmd += ["--vae-base-dim", str(args.vae_base_dim)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        base_dim = ["--vae-base-dim", str(args.vae_base_dim)] if args.vae_base_dim else []
+        benchlib.make_model(args.bin, model, "--components", "vae", "--vae-preset", args.vae_preset, "--vae-dtype", "fp32",
+                            "--shard-size", "0", *base_dim)
         vae_dir = os.path.join(model, "vae")
         weights_kb = decoder_weight_bytes(vae_dir) / 1024.0
         cfg = json.load(open(os.path.join(vae_dir, "config.json")))

@@ -8,7 +8,7 @@ encodes them with --text's tokenizer and text encoder, AdamW, gradient clipping,
 the share of each phase (forward, backward, clipping and AdamW, EMA). Then profiles a few steps at
 the first batch and sorts the CPU time by kind of op: GEMMs, attention, everything else
 (element-wise ops, norms, copies, the optimizer's arithmetic).
-  .venv/bin/python tools/bench_train_step.py [--batch 32,16] [--steps 30] [--threads 2] [--layers 4 ...]
+  .venv/bin/python research/demo-model/bench_train_step.py [--batch 32,16] [--steps 30] [--threads 2] [--layers 4 ...]
 """
 import argparse
 import os
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))  # the recipe
 import train_demo_model as recipe  # noqa: E402
 
 GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
@@ -28,7 +28,7 @@ def main():
     ap.add_argument("--batch", default="32,16", help="comma-separated batch sizes; the first is profiled")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per batch size, after 5 untimed")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--text", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    ap.add_argument("--text", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                                    "configs", "demo-model"),
                     help="a folder with the tokenizer/ and text_encoder/ to condition on (the shipped model's)")
     args, rest = ap.parse_known_args()

@@ -3,7 +3,7 @@
 # of 20 small jobs on 2 ranks, sends SIGTERM to mpirun after DELAY seconds, and prints mpirun's
 # exit code, how long it took to end, the last log lines, the results recorded and whether the
 # output folder's lock was left.
-#   tools/measure_mpirun_sigterm.sh [BIN_DIR] [DELAY_S] [SLOW_DECODE_MS]
+#   tools/bench/measure_mpirun_sigterm.sh [BIN_DIR] [DELAY_S] [SLOW_DECODE_MS]
 # SLOW_DECODE_MS > 0 makes every decode that slow (a test hook), so the ranks cannot stop within
 # Open MPI's odls_base_sigkill_timeout (1 s by default) and are SIGKILLed.
 set -uo pipefail
@@ -28,5 +28,6 @@ wait "$M"
 rc=$?
 echo "mpirun exit code $rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms after SIGTERM"
 grep -E "stopped by signal|job\(s\) done" "$T/log" || echo "(no stop message: the ranks were killed)"
-echo "results recorded: $(grep -c '"status":"ok"' "$T/out/results.jsonl" 2>/dev/null || echo 0); videos: $(ls "$T/out"/*.mp4 2>/dev/null | wc -l)"
+ok=$(grep -c '"status":"ok"' "$T/out/results.jsonl" 2>/dev/null) || true
+echo "results recorded: ${ok:-0}; videos: $(ls "$T/out"/*.mp4 2>/dev/null | wc -l)"
 [ -e "$T/out/.dlo-generate.lock" ] && echo "the lock was left behind" || echo "the lock was released"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An experiment on the demo model: fine-tune its VAE's decoder on latents its transformer wrote.
 
-Probe 14 (tools/probe_demo_model.py --window-code) finds squares written into the transformer's
+Probe 14 (research/demo-model/probe_demo_model.py --window-code) finds squares written into the transformer's
 samples that the decoder draws as circles. This fine-tunes the decoder (and post_quant_conv; the
 encoder, and so the latent space and the transformer, stay as they are) on pairs of a latent the
 transformer wrote and the frame it should show, each latent frame against the clip's frame 4k that
@@ -17,11 +17,11 @@ noise (0.3 x each channel's spread) so the reconstructions are kept:
                    the mask's bounding box, as wide as the box (clipped to the world's sizes).
 
 Writes a copy of --model with the tuned VAE (bf16). Judge the result with probe 14 (the same
-samples, decoded by the new VAE) or tools/bench_demo_quality.py. Not part of the recipe: in probe
+samples, decoded by the new VAE) or research/demo-model/bench_demo_quality.py. Not part of the recipe: in probe
 14's samples the shape went from 50.8% to 50.8% (clips) and 51.7-53.8% (samples: squares gained
 corners, triangles were drawn as circles), and the reconstructions of real frames got worse
-(docs/benchmarks.md, "the transformer writes the square").
-  .venv/bin/python tools/tune_demo_decoder.py --model configs/demo-model --out out/demo-ft --pairs clips
+(diary.md, "the transformer writes the square").
+  .venv/bin/python research/demo-model/tune_demo_decoder.py --model configs/demo-model --out out/demo-ft --pairs clips
 """
 import argparse
 import json
@@ -34,7 +34,7 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))  # the recipe
 import demo_world as world  # noqa: E402
 import train_demo_model as train  # noqa: E402
 

@@ -13,9 +13,9 @@
 # runs the two nodes with its dlo-generate: the ratios of the two builds in one run.
 # LINK_RATE (e.g. 2gbit) shapes node1's link each way (tbf) for the whole run: a link slower than
 # the memory copy a veth is.
-#   sudo [LINK_RATE=R] tools/bench_nodes.sh BIN_DIR [ROUNDS [BASELINE_BIN]]   (root: it makes network namespaces)
+#   sudo [LINK_RATE=R] tools/bench/bench_nodes.sh BIN_DIR [ROUNDS [BASELINE_BIN]]   (root: it makes network namespaces)
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=tests/common/cli.sh
 source "$ROOT/tests/common/cli.sh" "$1"
 # shellcheck source=tests/common/nodes.sh

@@ -16,26 +16,21 @@ of this script; the machine is shared.
 
   bench_sequence_parallel.py --bin build/bin [--ranks 2] [--latent 3,30,52] [--layers 4] [--passes 3]
 """
-import argparse
 import filecmp
-import json
 import os
-import subprocess
 import tempfile
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
-           OMP_NUM_THREADS="1")
+import benchlib
 
 
 def run(bin_dir, tmp, name, ranks, extra, args):
     out, rep = f"{tmp}/{name}.safetensors", f"{tmp}/{name}.json"
     f, h, w = args.latent.split(",")
-    subprocess.run(["mpirun", "-np", str(ranks), os.path.join(bin_dir, "dlo-forward"), "--model", f"{tmp}/m",
-                    "--component", "transformer", "--random-inputs", f"{f},{h},{w},512", "--seed", "7", "--guidance",
-                    "--offload", "dlo", "--device", "cpu", "--threads", "1", "--dtype", "bf16", "--out", out,
-                    "--report", rep] + extra, check=True, env=ENV, stdout=subprocess.DEVNULL)
-    r = json.load(open(rep))
+    benchlib.run([os.path.join(bin_dir, "dlo-forward"), "--model", f"{tmp}/m", "--component", "transformer",
+                  "--random-inputs", f"{f},{h},{w},512", "--seed", "7", "--guidance", "--offload", "dlo", "--device", "cpu",
+                  "--threads", "1", "--dtype", "bf16", "--out", out, "--report", rep] + extra, ranks,
+                 environ=benchlib.env(OMP_NUM_THREADS="1"))
+    r = benchlib.load_json(rep)
     ranks_ = r["ranks"] if isinstance(r, dict) and "ranks" in r else r
     r0 = ranks_[0]
     walls = [p["wall_s"] for p in r0["per_pass"]][1:]  # the first pass warms up
@@ -45,18 +40,15 @@ def run(bin_dir, tmp, name, ranks, extra, args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--latent", default="3,30,52", help="F,H,W of the latents (tokens F x H/2 x W/2)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-        subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", f"{tmp}/m", "--preset", "wan2.1-t2v-1.3b",
-                        "--layers", str(args.layers), "--components", "transformer", "--dtype", "bf16"],
-                       check=True, stdout=subprocess.DEVNULL)
+        benchlib.make_model(args.bin, f"{tmp}/m", "--preset", "wan2.1-t2v-1.3b", "--layers", str(args.layers),
+                            "--components", "transformer", "--dtype", "bf16")
         n = args.ranks
         alone, a_out = run(args.bin, tmp, "alone", n, ["--rank-passes", ",".join([str(args.passes)] + ["0"] * (n - 1))], args)
         sp, s_out = run(args.bin, tmp, "sp", n, ["--sp", str(n), "--passes", str(args.passes)], args)
@@ -72,10 +64,7 @@ def main():
             res["cfg"] = cfg
             res["alone_over_cfg"] = round((alone["s_per_pass"] + alone2["s_per_pass"]) / 2 / cfg["s_per_pass"], 3)
             res["cfg_output_identical"] = filecmp.cmp(a_out, c_out, shallow=False)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        open(args.json, "w").write(text + "\n")
+    benchlib.emit(res, args.json)
 
 
 if __name__ == "__main__":

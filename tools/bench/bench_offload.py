@@ -9,10 +9,9 @@
 
 The engine's own cost per block transition is measured by build/bin/dlo-bench-engine.
 Ratios are measured in one run of this script; the machine is shared and noisy.
-  .venv/bin/python tools/bench_offload.py --bin build/bin overlap guidance
-  .venv/bin/python tools/bench_offload.py --bin build/bin memory scale --work /var/tmp
+  .venv/bin/python tools/bench/bench_offload.py --bin build/bin overlap guidance
+  .venv/bin/python tools/bench/bench_offload.py --bin build/bin memory scale --work /var/tmp
 """
-import argparse
 import json
 import os
 import statistics
@@ -24,6 +23,9 @@ import time
 import torch
 from safetensors.torch import save_file
 
+import benchlib
+
+# Not benchlib.env(): these figures were measured with shared memory's single copy (CMA) left on.
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1", OMP_NUM_THREADS="1")
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
@@ -34,11 +36,8 @@ def sh(cmd, **kw):
 
 
 def make(bin_dir, out, *flags):
-    if not os.path.exists(os.path.join(out, "transformer", "config.json")):
-        sh([os.path.join(bin_dir, "dlo-checkpoint"), "make", out, "--components", "transformer", *flags],
-           stdout=subprocess.DEVNULL)
-    d = os.path.join(out, "transformer")
-    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors"))
+    benchlib.make_model(bin_dir, out, "--components", "transformer", *flags)
+    return benchlib.weight_bytes(os.path.join(out, "transformer"))
 
 
 def inputs(path, frames, size, text_len, text_dim=4096, guidance=True):
@@ -188,9 +187,8 @@ def bench_scale(a, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = benchlib.parser(__doc__, json_out=False)
     ap.add_argument("what", nargs="+", choices=["overlap", "guidance", "memory", "scale", "pack"])
-    ap.add_argument("--bin", required=True)
     ap.add_argument("--work", default=None)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--frames", type=int, default=3)

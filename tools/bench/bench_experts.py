@@ -22,17 +22,14 @@ at the other blocks. Ratios within one run of this script; the machine is shared
 --a14b-cut: A14B's real block shape (dim 5120, 40 heads, ffn 13824; 702 MB per bf16 block), 3
 blocks per expert, shorter batches (B: 2 x 4 steps; D: 6 jobs of 8 steps at shift 12 and 4 at 3).
 """
-import argparse
 import json
 import os
 import struct
-import subprocess
 import tempfile
-import time
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
-           OMP_NUM_THREADS="1")
+import benchlib
+
+ENV = benchlib.env(OMP_NUM_THREADS="1")
 SHAPE = ["--layers", "8", "--dim", "256", "--heads", "4", "--ffn-dim", "768", "--text-dim", "32", "--dtype", "bf16"]
 # --a14b-cut: Wan2.2 A14B's own block shape (dim 5120, 40 heads, ffn 13824, text 4096), 3 blocks
 # per expert (702 MB each in bf16; with 2 both would stay in the expert's two slots and never
@@ -45,22 +42,17 @@ VAE_ARGS = []  # --vae-base-dim N: a cheaper VAE, so that decoding does not boun
 
 
 def run(bin_dir, tmp, name, preset, steps, ranks, size, shifts=None, extra=()):
-    model = f"{tmp}/{preset}"
-    if not os.path.exists(model):
-        subprocess.run([os.path.join(bin_dir, "dlo-checkpoint"), "make", model, "--preset", preset] + SHAPE + VAE_ARGS,
-                       check=True, stdout=subprocess.DEVNULL)
+    model = benchlib.make_model(bin_dir, f"{tmp}/{preset}", "--preset", preset, *SHAPE, *VAE_ARGS)
     with open(f"{tmp}/{name}.yaml", "w") as f:
         h, w, n = size
         f.write(f"model: {preset}\ndefaults: {{height: {h}, width: {w}, frames: {n}, format: png, guidance: 4}}\njobs:\n")
         for i, s in enumerate(steps):
             shift = f", flow_shift: {shifts[i]}" if shifts else ""
             f.write(f'  - {{id: j{i}, prompt: "prompt {i}", steps: {s}, seed: {i}{shift}}}\n')
-    t0 = time.perf_counter()
-    subprocess.run(["mpirun", "-np", str(ranks), os.path.join(bin_dir, "dlo-generate"), "--jobs", f"{tmp}/{name}.yaml",
-                    "--output-dir", f"{tmp}/out_{name}", "--threads", "1", "--quiet", "--offload", "dlo",
-                    "--report", f"{tmp}/{name}.json"] + list(extra), check=True, env=ENV)
-    wall = time.perf_counter() - t0
-    rep = json.load(open(f"{tmp}/{name}.json"))
+    wall, _ = benchlib.run([os.path.join(bin_dir, "dlo-generate"), "--jobs", f"{tmp}/{name}.yaml", "--output-dir",
+                            f"{tmp}/out_{name}", "--threads", "1", "--quiet", "--offload", "dlo",
+                            "--report", f"{tmp}/{name}.json", *extra], ranks, environ=ENV)
+    rep = benchlib.load_json(f"{tmp}/{name}.json")
     r0 = rep["ranks"][0]
     total_steps = sum(steps)
     out = {"wall_s": round(wall, 2), "wave_s": round(max(r["wave_s"] for r in rep["ranks"]), 3),
@@ -70,8 +62,7 @@ def run(bin_dir, tmp, name, preset, steps, ranks, size, shifts=None, extra=()):
            "exposed_wait_s": round(r0["exposed_wait_s"], 4),
            "passes_waiting_for_decodes": r0["passes_waiting_for_decodes"],
            "jobs_per_hour": round(len(steps) * 3600 / max(r["wave_s"] for r in rep["ranks"]), 1)}
-    ck = sum(os.path.getsize(os.path.join(model, d, f)) for d in ("transformer", "transformer_2")
-             if os.path.isdir(os.path.join(model, d)) for f in os.listdir(os.path.join(model, d)) if f.endswith(".safetensors"))
+    ck = sum(benchlib.weight_bytes(os.path.join(model, d)) for d in ("transformer", "transformer_2"))
     out["host_bytes_per_rank"] = r0["host_bytes"]
     out["host_bytes_over_checkpoint_per_rank"] = round(r0["host_bytes"] / (ck / ranks), 3)  # blocks only / all tensors
     out["host_bytes_over_blocks_per_rank"] = round(r0["host_bytes"] / (block_bytes(model) / ranks), 4)
@@ -124,11 +115,9 @@ def switch_waits(ranks):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--size", default="64,96,9", help="height,width,frames (larger: compute dominates the gathers)")
-    ap.add_argument("--json")
     ap.add_argument("--cases", default="ABCD", help="which cases to run (letters)")
     ap.add_argument("--vae-base-dim", type=int, help="the models' VAE base_dim (default: dlo-checkpoint's, 16)")
     ap.add_argument("--a14b-cut", action="store_true", help="Wan2.2 A14B's block shape, 2 blocks per expert")
@@ -175,10 +164,7 @@ def main():
         ratios["C_over_B_s_per_step"] = round(res["C_two_experts_drifting"]["s_per_step"] /
                                               res["B_two_experts_aligned"]["s_per_step"], 3)
     res["ratios"] = ratios
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        open(args.json, "w").write(text + "\n")
+    benchlib.emit(res, args.json)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Probes behind docs/benchmarks.md's "why more transformer steps do not fix direction".
+"""Probes behind diary.md's "why more transformer steps do not fix direction" and the chapters after it.
 
   1. latents: share of latent pixels that are the object (max |normalised value| > 2), their RMS
      against the background's, after the VAE config's per-channel normalisation (times --scale);
@@ -65,7 +65,7 @@
 Reads a latents file written by tools/train_demo_model.py (out/train-demo/latents.pt) and a model
 folder (the transformer, VAE config and text encoder it uses). CPU, 2 threads, about a minute
 (probe 5: a minute per K).
-  .venv/bin/python tools/probe_demo_model.py --model configs/demo-model --latents out/train-demo/latents.pt --context --held 0,2,4
+  .venv/bin/python research/demo-model/probe_demo_model.py --model configs/demo-model --latents out/train-demo/latents.pt --context --held 0,2,4
 """
 import argparse
 import os
@@ -74,7 +74,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))  # the recipe
 import demo_world as world  # noqa: E402
 import train_demo_model as train  # noqa: E402
 

@@ -9,44 +9,33 @@ Ghost share = traversals in which a rank only joined the gathers, over all trave
 and all wait for the longest (the original DLO): its idle share is computed from the same job
 list (waves of N jobs in order: idle = sum over ranks of max steps - own steps), not run.
 """
-import argparse
-import json
 import os
 import random
-import subprocess
 import tempfile
-import time
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+import benchlib
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__)
     ap.add_argument("--jobs", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     steps = [rng.randint(2, 20) for _ in range(args.jobs)]
     out = {"jobs": args.jobs, "steps": steps}
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", f"{tmp}/m", "--preset", "wan-test",
-                        "--layers", "6", "--dim", "48", "--heads", "4", "--text-dim", "32", "--dtype", "bf16"],
-                       check=True, stdout=subprocess.DEVNULL)
+        benchlib.make_model(args.bin, f"{tmp}/m", "--preset", "wan-test", "--layers", "6", "--dim", "48", "--heads", "4",
+                            "--text-dim", "32", "--dtype", "bf16")
         with open(f"{tmp}/jobs.yaml", "w") as f:
             f.write("model: m\ndefaults: {height: 32, width: 48, frames: 5}\njobs:\n")
             for i, s in enumerate(steps):
                 f.write(f'  - {{id: j{i}, prompt: "prompt {i}", steps: {s}, seed: {i}}}\n')
         for ranks in (1, 2):
-            t0 = time.perf_counter()
-            subprocess.run(["mpirun", "-np", str(ranks), os.path.join(args.bin, "dlo-generate"), "--jobs",
-                            f"{tmp}/jobs.yaml", "--output-dir", f"{tmp}/o{ranks}", "--threads", "1", "--quiet",
-                            "--offload", "dlo" if ranks > 1 else "resident", "--report", f"{tmp}/r{ranks}.json"],
-                           check=True, env=ENV)
-            wall = time.perf_counter() - t0
-            rep = json.load(open(f"{tmp}/r{ranks}.json"))
+            wall, _ = benchlib.run([os.path.join(args.bin, "dlo-generate"), "--jobs", f"{tmp}/jobs.yaml", "--output-dir",
+                                    f"{tmp}/o{ranks}", "--threads", "1", "--quiet", "--offload",
+                                    "dlo" if ranks > 1 else "resident", "--report", f"{tmp}/r{ranks}.json"], ranks)
+            rep = benchlib.load_json(f"{tmp}/r{ranks}.json")
             trav = sum(r["traversals"] for r in rep["ranks"])
             ghost = sum(r["ghost_traversals"] for r in rep["ranks"])
             idle = sum(r["idle_traversals"] for r in rep["ranks"])
@@ -66,10 +55,7 @@ def main():
                     eq_idle += sum(max(wave_steps) - s for s in wave_steps)
                     eq_total += ranks * max(wave_steps)
                 out[f"{ranks}_ranks"]["equal_waves_idle_share_computed"] = eq_idle / eq_total
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        open(args.json, "w").write(text + "\n")
+    benchlib.emit(out, args.json)
 
 
 if __name__ == "__main__":

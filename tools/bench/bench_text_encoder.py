@@ -10,23 +10,22 @@ same dtype and thread count, in --rounds interleaved rounds (each side warmed up
 (other load only adds time, so the minimum is the stable estimate on a shared machine) and of the
 medians.
 
-  .venv/bin/python tools/bench_text_encoder.py --bin build/bin [--threads 2] [--dtype fp32|bf16]
+  .venv/bin/python tools/bench/bench_text_encoder.py --bin build/bin [--threads 2] [--dtype fp32|bf16]
 """
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
 import torch
 from safetensors.torch import load_file, save_file
 
+import benchlib
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__, json_out=False)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--layers", type=int, default=12)
@@ -44,10 +43,9 @@ def main():
 
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         model = os.path.join(tmp, "model")
-        subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--components", "text_encoder",
-                        "--dtype", args.dtype, "--shard-size", "0", "--te-layers", str(args.layers),
-                        "--te-d-model", str(args.d_model), "--te-heads", str(args.heads), "--te-d-kv", str(args.d_kv),
-                        "--te-d-ff", str(args.d_ff)], check=True, stdout=subprocess.DEVNULL)
+        benchlib.make_model(args.bin, model, "--components", "text_encoder", "--dtype", args.dtype, "--shard-size", "0",
+                            "--te-layers", str(args.layers), "--te-d-model", str(args.d_model), "--te-heads",
+                            str(args.heads), "--te-d-kv", str(args.d_kv), "--te-d-ff", str(args.d_ff))
         g = torch.Generator().manual_seed(0)
         ids = torch.zeros(1, args.length, dtype=torch.int64)
         ids[0, :args.tokens] = torch.randint(3, 600, (args.tokens,), generator=g)
@@ -67,14 +65,14 @@ def main():
             ref(input_ids=ids, attention_mask=mask)  # warm-up
             # Interleaved rounds, so that load from other processes hits both sides alike.
             for _ in range(args.rounds):
-                subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "text_encoder",
-                                "--inputs", inp, "--out", out, "--dtype", args.dtype, "--threads", str(args.threads),
-                                "--repeat", "2", "--report", rep], check=True, stdout=subprocess.DEVNULL)
+                benchlib.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "text_encoder",
+                              "--inputs", inp, "--out", out, "--dtype", args.dtype, "--threads", str(args.threads),
+                              "--repeat", "2", "--report", rep], environ=os.environ)
                 ours.append(json.load(open(rep))["forward_seconds"][1])  # the first pass warms up
                 ours_out = load_file(out)["output"]
-                subprocess.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "text_encoder",
-                                "--inputs", inp_compact, "--out", out, "--dtype", args.dtype, "--threads",
-                                str(args.threads), "--repeat", "2", "--report", rep], check=True, stdout=subprocess.DEVNULL)
+                benchlib.run([os.path.join(args.bin, "dlo-forward"), "--model", model, "--component", "text_encoder",
+                              "--inputs", inp_compact, "--out", out, "--dtype", args.dtype, "--threads",
+                              str(args.threads), "--repeat", "2", "--report", rep], environ=os.environ)
                 compact.append(json.load(open(rep))["forward_seconds"][1])
                 t0 = time.perf_counter()
                 last = ref(input_ids=ids, attention_mask=mask).last_hidden_state

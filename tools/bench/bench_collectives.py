@@ -11,34 +11,27 @@ the two builds alternately, `rounds` times; prints the medians, their ranges, an
 --baseline-bin: a build of an earlier commit (e.g. `git worktree add /tmp/old REV && cd /tmp/old &&
 tools/setup.sh && cmake --build build --target dlo-bench-collectives`).
 """
-import argparse
 import json
 import os
-import subprocess
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
-           OMP_NUM_THREADS="1", DLO_GATHER_TIMEOUT_S="600")
+import benchlib
+
+ENV = benchlib.env(OMP_NUM_THREADS="1", DLO_GATHER_TIMEOUT_S="600")
 KEYS = ("boundary_allgather_us", "gather_strings_us", "broadcast_string_us", "check_all_us")
 
 
 def run(bin_dir, ranks, iterations):
-    p = subprocess.run(["mpirun", "-np", str(ranks), "--bind-to", "none",
-                        os.path.join(bin_dir, "dlo-bench-collectives"), "--iterations", str(iterations)],
-                       env=ENV, capture_output=True, text=True, timeout=1800)
-    if p.returncode != 0:
-        raise SystemExit(f"{bin_dir} at {ranks} ranks: exit {p.returncode}: {p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    _, out = benchlib.run([os.path.join(bin_dir, "dlo-bench-collectives"), "--iterations", str(iterations)], ranks,
+                          mpirun_flags=("--bind-to", "none"), environ=ENV, capture=True, timeout=1800)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__)
     ap.add_argument("--baseline-bin")
     ap.add_argument("--ranks", default="2,8,32,64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=100)
-    ap.add_argument("--json")
     args = ap.parse_args()
     builds = {"after": args.bin}
     if args.baseline_bin:

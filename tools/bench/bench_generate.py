@@ -11,29 +11,17 @@ Reports, each as the median of --repeat runs with the spread (min-max):
 
   bench_generate.py --bin build/bin [--threads 2] [--repeat 3] [--json out.json]
 """
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-# mpirun as root on one node with more ranks than cores (the machines this runs on).
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+import benchlib
+from benchlib import spread
+
 PROMPT = "A red fox trotting through fresh snow at dawn"
 MODEL_FLAGS = ["--preset", "wan2.1-t2v-1.3b", "--layers", "4", "--te-layers", "2", "--dtype", "fp32",
                "--in-channels", "16", "--out-channels", "16"]
-
-
-def folder_bytes(path):
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs if f.endswith(".safetensors"))
-
-
-def spread(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
 def run_dlo(args, model, ranks, tmp):
@@ -42,14 +30,8 @@ def run_dlo(args, model, ranks, tmp):
            str(args.steps), "--height", str(args.height), "--width", str(args.width), "--frames", str(args.frames),
            "--dtype", "fp32", "--threads", str(args.threads), "--out", os.path.join(tmp, f"v{ranks}.mp4"),
            "--report", report, "--quiet"]
-    if ranks > 1:
-        cmd = ["mpirun", "-np", str(ranks)] + cmd + ["--offload", "dlo"]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=ENV)
-    wall = time.perf_counter() - t0
-    with open(report) as f:
-        job = json.load(f)["jobs"][0]
-    return wall, job
+    wall, _ = benchlib.run(cmd + (["--offload", "dlo"] if ranks > 1 else []), ranks if ranks > 1 else None)
+    return wall, benchlib.load_json(report)["jobs"][0]
 
 
 def run_diffusers(args, model):
@@ -68,28 +50,23 @@ subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rg
                 "-r", "16", "-i", "-", "-c:v", "libx264", "-pix_fmt", "yuv420p", "-crf", "25", {os.path.join(args.tmp, 'ref.mp4')!r}],
                input=frames.tobytes(), check=True)
 """
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
+    return benchlib.run([sys.executable, "-c", code], environ=os.environ)[0]
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--height", type=int, default=128)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--frames", type=int, default=9)
-    ap.add_argument("--json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         args.tmp = tmp
         model = os.path.join(tmp, "model")
-        subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", model] + MODEL_FLAGS, check=True,
-                       stdout=subprocess.DEVNULL)
-        weights = sum(folder_bytes(os.path.join(model, p)) for p in ("transformer", "text_encoder", "vae"))
+        benchlib.make_model(args.bin, model, *MODEL_FLAGS)
+        weights = sum(benchlib.weight_bytes(os.path.join(model, p)) for p in ("transformer", "text_encoder", "vae"))
         out = {"model": " ".join(MODEL_FLAGS), "weights_bytes": weights, "threads": args.threads,
                "job": f"{args.width}x{args.height}, {args.frames} frames, {args.steps} steps, guidance 5, fp32"}
         walls = {1: [], 2: []}
@@ -111,11 +88,7 @@ def main():
                                              for k in ("text_s", "denoise_s", "decode_s", "encode_s")}
         out["ratio_dlo_1rank_over_diffusers"] = spread([a / b for a, b in zip(walls[1], ref)])
         out["peak_rss_over_weights"] = spread([r / weights for r in rss])
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    benchlib.emit(out, args.json)
 
 
 if __name__ == "__main__":

@@ -19,29 +19,19 @@ frames sha256 equals 1 rank's. The model: Wan2.1 1.3B's block shape (dim 1536, 1
 
   bench_topology.py --bin build/bin [--layers 4] [--size 240x416] [--frames 9] [--steps 4] [--batch-only] [--json OUT]
 """
-import argparse
-import json
 import os
 import re
-import subprocess
 import tempfile
-import time
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
-           OMP_NUM_THREADS="1")
+import benchlib
 
 
 def generate(bin_dir, tmp, name, ranks, job_args, extra):
     rep = f"{tmp}/{name}.json"
-    t0 = time.monotonic()
-    p = subprocess.run(["mpirun", "-np", str(ranks), os.path.join(bin_dir, "dlo-generate"), "--model", f"{tmp}/m",
-                        "--device", "cpu", "--offload", "dlo", "--threads", "1", "--report", rep] + job_args + extra,
-                       env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wall = time.monotonic() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{name}: exit {p.returncode}: {p.stderr[-2000:]}")
-    r = json.load(open(rep))
+    wall, _ = benchlib.run([os.path.join(bin_dir, "dlo-generate"), "--model", f"{tmp}/m", "--device", "cpu", "--offload",
+                            "dlo", "--threads", "1", "--report", rep] + job_args + extra, ranks,
+                           environ=benchlib.env(OMP_NUM_THREADS="1"))
+    r = benchlib.load_json(rep)
     m = re.search(r"topology: (.*?)(?:\n|$)", r["choice"])
     pred = re.search(r"predicted ([0-9.]+) single-rank step times vs ([0-9.]+) data parallel", r["choice"])
     jobs = sorted(r["jobs"], key=lambda j: j["index"])
@@ -60,20 +50,17 @@ def generate(bin_dir, tmp, name, ranks, job_args, extra):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", required=True)
+    ap = benchlib.parser(__doc__)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--size", default="240x416", help="HEIGHTxWIDTH")
     ap.add_argument("--frames", type=int, default=9)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch-only", action="store_true", help="only the batch of 3 (not the single job's runs)")
-    ap.add_argument("--json")
     args = ap.parse_args()
     h, w = args.size.split("x")
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-        subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", f"{tmp}/m", "--preset", "wan2.1-t2v-1.3b",
-                        "--layers", str(args.layers), "--te-layers", "2", "--dtype", "bf16"],
-                       check=True, stdout=subprocess.DEVNULL)
+        benchlib.make_model(args.bin, f"{tmp}/m", "--preset", "wan2.1-t2v-1.3b", "--layers", str(args.layers),
+                            "--te-layers", "2", "--dtype", "bf16")
         job = ["--height", h, "--width", w, "--frames", str(args.frames), "--steps", str(args.steps), "--guidance", "5",
                "--seed", "3"]
         one = job + ["--prompt", "a red fox in the snow"]
@@ -127,10 +114,7 @@ def main():
         "frames_identical_batch": runs["batch_auto"]["frames_sha256"] == runs["batch_dp"]["frames_sha256"]
                                   == runs["batch_cfg"]["frames_sha256"] == runs["batch_one_rank"]["frames_sha256"],
     })
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        open(args.json, "w").write(text + "\n")
+    benchlib.emit(out, args.json)
 
 
 if __name__ == "__main__":

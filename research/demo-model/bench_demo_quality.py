@@ -10,7 +10,7 @@ Prints a Markdown table (accuracy per property, all three right, wall time) and 
 median fill of the object's bounding box per asked shape: square 1, circle 0.785, triangle 0.5
 drawn ideally). --guidance 8,12 adds a setting per guidance scale, --flow-shift 1,5 one per flow
 shift (the sampler's; the model folder's is 3).
-  .venv/bin/python tools/bench_demo_quality.py [--seeds 2] [--ranks 2] [--guidance 8,12] [--flow-shift 1,5]
+  .venv/bin/python research/demo-model/bench_demo_quality.py [--seeds 2] [--ranks 2] [--guidance 8,12] [--flow-shift 1,5]
       [--json out/bench-demo.json]
 """
 import argparse
@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))  # the recipe
 import check_demo_video as check  # noqa: E402
 import demo_world as world  # noqa: E402
 
@@ -35,7 +35,7 @@ SETTINGS = [
 
 
 def main():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # the repository
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(root, "build", "bin"))
     ap.add_argument("--model", default=os.path.join(root, "configs", "demo-model"))
