@@ -274,7 +274,7 @@ TEST_CASE("a huge lock file is read only in part: garbage, taken over") {
 
 // V8 of the 2026-12-07 probe: a batch in a container with the host's name and boot id (its own PID
 // namespace) held the folder; a batch outside found its pid absent here and took the lock over.
-TEST_CASE("a lock from another PID namespace of this host counts as another host's (the refresh rule); old locks name none") {
+TEST_CASE("a lock from another PID namespace of this host counts as another host's (the refresh rule), an old lock as before") {
   TempDir d;
   const std::string dir = d.path().string(), file = d.file(".lock");
   const dlo::LockHolder me = dlo::FolderLock::self();
