@@ -11,7 +11,8 @@
 // renders a different job at once, taking the next at a pass boundary; results.jsonl in the output
 // folder records each job; a rerun skips what is done. SIGINT/SIGTERM stop every rank at the next
 // pass boundary (finished decodes are kept); a second signal stops at once; a rerun continues.
-// The output folder is locked while a batch runs (a second batch on it is refused).
+// The output folder, and a --save-latents file, are locked while a batch runs (a second batch on
+// either is refused); a batch whose output folder is removed stops at the next pass boundary.
 // Exit codes: 0 ok, 2 bad invocation or input (found before any weight is read; nothing written),
 // 3 a batch finished with some jobs failed, 130/143 stopped by SIGINT/SIGTERM, 1 anything else.
 //

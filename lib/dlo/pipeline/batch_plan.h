@@ -132,7 +132,7 @@ struct BatchPlanOptions {
 
 // Rank 0: the manifest read and checked (load_manifest, check_manifest), every job fingerprinted
 // (job_fingerprint with the model folder's identity), resume applied (plan_resume against
-// results.jsonl in the output folder), the paths made canonical, and, unless dry_run, the output
+// results.jsonl in the output folder and the latents file, if any), the paths made canonical, and, unless dry_run, the output
 // folders created (the output folder itself and its hold_output_dir before resume is planned) and
 // the temporaries of killed writers removed. Throws ManifestError with every problem (bad fields,
 // changed jobs) or dlo::Error (an unreadable manifest, model folder or results file).
