@@ -5,7 +5,7 @@
 #     ranks; before, a FIFO hung the batch for ever and /dev/zero was read until memory ran out;
 #  2. N2: a second batch given the latents file of a batch that runs is refused (exit 2, naming
 #     the file and its lock FILE.h5.lock); the first batch's flags are all set; before, both ran
-#     and one batch's flags (or datasets) were lost;
+#     and one batch's flags (or datasets) were lost; a second SIGTERM removes both locks;
 #  3. resume reads the latents file: a done job whose entry lost its flag renders again, alone;
 #     a batch whose ids name another job's complete entries is refused as changed (V11), a latents
 #     file inside the model folder is refused (V11);
@@ -78,6 +78,22 @@ wait $apid || fail "batch A: exit $?: $(cat "$T/A.log")"
 [ "$(flags "$T/lat.h5")" = "a0=1 a1=1 a2=1" ] || fail "batch A's flags: $(flags "$T/lat.h5")"
 [ ! -e "$T/lat.h5.lock" ] || fail "the latents lock was left behind"
 echo "ok: a second batch on a latents file in use is refused (exit 2, named); the first's flags all set, its lock removed"
+
+# Both locks go when a second signal ends the batch at once (1 rank: _Exit; 2 ranks: MPI_Abort).
+for np in 1 2; do
+  rm -rf "$T/S" "$T/lat2.h5"
+  mpirun -np $np "${GEN[@]}" --jobs "$T/a.yaml" --output-dir "$T/S" --save-latents "$T/lat2.h5" --slow-decode-ms 5000 \
+    >"$T/S.log" 2>&1 &
+  spid=$!
+  ranks() { pgrep -f "^$BIN/dlo-generate .*--output-dir $T/S " || true; }
+  for _ in $(seq 300); do [ -e "$T/lat2.h5.lock" ] && [ "$(ranks | wc -l)" -ge $np ] && break; sleep 0.1; done
+  sleep 2  # decodes queued behind the slow VAE
+  kill -TERM $(ranks); sleep 0.5; kill -TERM $(ranks) 2>/dev/null || true
+  set +e; wait $spid; rc=$?; set -e
+  [ "$rc" = 143 ] || fail "np $np: two SIGTERMs: exit $rc, want 143: $(cat "$T/S.log")"
+  [ ! -e "$T/S/.dlo-generate.lock" ] && [ ! -e "$T/lat2.h5.lock" ] || fail "np $np: a lock was left: $(ls -a "$T/S" "$T")"
+  echo "ok: np $np: a second SIGTERM removes both locks (the output folder's and the latents file's)"
+done
 
 # ---- 3. resume reads the latents file
 /usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); c=f['_complete']; \
