@@ -87,6 +87,12 @@ MUTANTS=$(cat <<'EOF'
 50|lib/dlo/dist/collective_mpi.cpp|two-level gathers never used across nodes (the flat gather sends each shard once per rank of a node; nodes label)|"    nodes_ = count;\n"|"    return;\n"
 51|lib/dlo/render/generate.cpp|a failed job stays its rank's current job (the rank is out of the batch: it takes no other job)|"      held_.drop(slot, groups_.leader());\n      return;\n    }"|"      return;\n    }"
 52|lib/dlo/render/held_jobs.cpp|a parked job reported on expert 0 whatever its step (resumed in a pass of the wrong expert)|"r.parked_expert[i] = parked_[i].run->expert();"|"r.parked_expert[i] = 0;"
+60|lib/dlo/common/folder_lock.cpp|N1: the lock file read as a stream whatever it is (a FIFO blocks the open for ever, /dev/zero is read until memory runs out)|"const std::string held = read_lock(path_, &exists);"|"std::ifstream held_in(path_, std::ios::binary);\n    exists = static_cast<bool>(held_in);\n    const std::string held((std::istreambuf_iterator<char>(held_in)), std::istreambuf_iterator<char>());"
+61|lib/dlo/common/folder_lock.cpp|V8: a holder in another PID namespace of this host judged by its pid here (its live lock taken over)|"  if (!h.pid_ns.empty() && !me.pid_ns.empty() && h.pid_ns != me.pid_ns) return age_s > kStaleAfterS;\n"|""
+62|lib/dlo/app/generate_cli.cpp|N2: the latents file not locked (two batches write one file; one's flags are lost; mpi label)|"    if (!o.latents.empty())\n      latents_lock.emplace("|"    if (false)\n      latents_lock.emplace("
+63|lib/dlo/pipeline/batch_plan.cpp|N2: resume skips a done job whose latents entry is missing or unflagged|"      if (!latents_kept) return r.render.push_back(ji);"|""
+64|lib/dlo/pipeline/batch_plan.cpp|V11: a job whose id names another job's complete latents renders and replaces them|"const bool latents_other = saved && saved->complete && saved->fingerprint != fingerprints[i];"|"const bool latents_other = false;"
+65|lib/dlo/common/folder_lock.cpp|V16: a held lock never notices its folder removed (the batch denoises every remaining job)|"if (holds_text(path_.c_str(), text_.data(), text_.size())) return;"|"return;"
 EOF
 )
 

@@ -11,7 +11,8 @@
 // renders a different job at once, taking the next at a pass boundary; results.jsonl in the output
 // folder records each job; a rerun skips what is done. SIGINT/SIGTERM stop every rank at the next
 // pass boundary (finished decodes are kept); a second signal stops at once; a rerun continues.
-// The output folder is locked while a batch runs (a second batch on it is refused).
+// The output folder, and a --save-latents file, are locked while a batch runs (a second batch on
+// either is refused); a batch whose output folder is removed stops at the next pass boundary.
 // Exit codes: 0 ok, 2 bad invocation or input (found before any weight is read; nothing written),
 // 3 a batch finished with some jobs failed, 130/143 stopped by SIGINT/SIGTERM, 1 anything else.
 //
@@ -53,7 +54,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   // Everything checkable is checked before any weight is read: the flags and options on every
   // rank, the jobs on rank 0, which shares the plan. A problem is the same error on every rank.
   std::string error, thread_note, plan_text;
-  std::optional<dlo::FolderLock> lock;  // rank 0, a batch: held until every result is written
+  std::optional<dlo::FolderLock> lock, latents_lock;  // rank 0, a batch: held until every result is written
+  dlo::ErrorKind error_kind = dlo::ErrorKind::kInput;
   dlo::GenerateOptions go;
   cxxopts::ParseResult args;
   bool batch = false;
@@ -77,7 +79,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       if (args.count("report")) dlo::with_context("--report", [&] { dlo::check_output_path(args["report"].as<std::string>()); });
       const dlo::JobFlags flags = dlo::job_field_flags(args);
       const std::string dtypes = dlo::dtypes_label(go);
-      const dlo::BatchPlan plan = batch ? dlo::batch_plan_from_flags(args, flags, outputs, dtypes, lock)
+      const dlo::BatchPlan plan = batch ? dlo::batch_plan_from_flags(args, flags, outputs, dtypes, lock, latents_lock)
                                           : dlo::prompt_plan_from_flags(args, flags, outputs, dtypes);
       plan_text = dlo::plan_to_json(plan);
     }
@@ -85,8 +87,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     error = e.what();  // a bad flag: the same on every rank
   } catch (const dlo::Error& e) {
     error = e.what();
+    error_kind = e.kind();  // no room for the lock is an I/O error, not bad input
   }
-  world.check_all(error);
+  world.check_all(error, "start-up check", error_kind);
   std::string threads_why = "--threads";
   if (dlo::integer_flag(args, "threads") == 0) {
     try {
@@ -159,7 +162,12 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
 
   dlo::Console console(world, plan, batch, args.count("quiet") > 0);
   dlo::GenerateCallbacks cb;
-  cb.stop_requested = [] { return dlo::stop_signal() != 0; };
+  cb.stop_requested = [&] {
+    // Rank 0: an output folder removed (or its lock replaced) mid-batch ends every rank here, at
+    // the next pass boundary, with an I/O error, rather than denoising jobs nothing can record.
+    if (lock) lock->check_held();
+    return dlo::stop_signal() != 0;
+  };
   cb.on_phase = [&](const std::string& p) { console.phase(p); };
   cb.on_step = [&](const dlo::StepEvent& e) { console.step(e); };
   cb.on_progress = [&](const dlo::ProgressEvent& e) { console.progress(e); };

@@ -165,6 +165,23 @@ TEST_CASE("ranks write different entries at different times, h5py reads back eve
   }
   // Nothing but the file in the folder (the temporary it was built under is gone).
   CHECK(listing(dir) == std::vector<std::string>{"latents.h5"});
+  // Read by one process before a batch opens it (resume): each entry's fingerprint and flag; no
+  // entries where there is no file; a file that is not HDF5 refused, as the constructor does.
+  if (r == 0) {
+    const auto saved = read_latents_entries(path);
+    CHECK(saved.size() == n);
+    for (std::size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      CHECK(saved.at(entries[i].name).fingerprint == entries[i].fingerprint);
+      CHECK(saved.at(entries[i].name).complete == (i != never));
+    }
+    CHECK(read_latents_entries(dir.file("none.h5")).empty());
+    std::ofstream(dir.file("text.h5")) << "not HDF5\n";
+    CHECK(error_of([&] { read_latents_entries(dir.file("text.h5")); }).find("text.h5': exists and is not an HDF5 file") !=
+          std::string::npos);
+    std::filesystem::remove(dir.file("text.h5"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
   std::vector<Expect> expect;
   for (std::size_t i = 0; i < n; ++i) expect.push_back({&entries[i], i != never, static_cast<int>(i), i == 0 ? 2 : 0});
   check_with_h5py(dir, path, expect, names_of(entries));

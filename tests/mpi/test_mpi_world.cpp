@@ -67,6 +67,20 @@ TEST_CASE("check_all: nothing when no rank has an error, the same combined error
                                         : "bad input on the last rank";
   CHECK(msg == want);
   CHECK_THROWS_AS(const_cast<dlo::MpiWorld&>(w).set_timeout_s(0), dlo::Error);
+  // The kind is the gravest any rank reported: no room on one rank is an I/O error on all (exit 1,
+  // not 2: the probe's FS10); bad input alone stays input.
+  auto kind_of = [&](const std::string& error, dlo::ErrorKind kind) {
+    try {
+      w.check_all(error, "check", kind);
+    } catch (const dlo::Error& e) {
+      return e.kind();
+    }
+    return dlo::ErrorKind::kInternal;
+  };
+  CHECK(kind_of(w.rank() == 0 ? "bad input" : "", dlo::ErrorKind::kInput) == dlo::ErrorKind::kInput);
+  const bool last = w.size() > 1 && w.rank() == w.size() - 1;
+  CHECK(kind_of(w.rank() == 0 ? "bad input" : last ? "no space left" : "", last ? dlo::ErrorKind::kIo : dlo::ErrorKind::kInput) ==
+        (w.size() > 1 ? dlo::ErrorKind::kIo : dlo::ErrorKind::kInput));
 }
 
 TEST_CASE("split: groups are the ranks of a color in world order; alltoallv moves uneven byte counts as computed by hand") {

@@ -103,6 +103,51 @@ TEST_CASE("resume: skip what is done and whole, render what is missing, emptied,
   CHECK(forced.problems.empty());
 }
 
+// N2 and V11 of the 2026-12-07 probe: a rerun said "already done" for jobs whose latents were lost
+// (their flags 0), and a batch with the same ids silently replaced another job's latents.
+TEST_CASE("resume with a latents file: a done job renders again unless its entry is complete and its own, another job's entry is refused") {
+  TempDir d;
+  dlo::Manifest m;
+  m.path = "m.yaml";
+  const std::vector<std::string> ids = {"kept", "unflagged", "missing", "other", "other-cut", "new-other", "new"};
+  for (const std::string& id : ids) {
+    dlo::JobSpec j;
+    j.id = id;
+    j.output = d.file(id + ".mp4");
+    m.jobs.push_back(j);
+    m.job_lines.push_back(static_cast<std::int64_t>(m.jobs.size()) + 2);
+  }
+  std::vector<std::string> fps;
+  for (const auto& j : m.jobs) fps.push_back("fp-" + j.id);
+  const std::string results = d.file("results.jsonl");
+  for (std::size_t i = 0; i < 5; ++i) {  // the first five are done, their videos whole
+    dlo::test::write_file(m.jobs[i].output, std::string(100, 'x'));
+    append_result(results, ids[i], static_cast<std::int64_t>(i), m.jobs[i].output, fps[i], 100);
+  }
+  dlo::LatentsIndex lat{"/x/lat.h5", {}};
+  lat.entries["kept"] = {"fp-kept", true};
+  lat.entries["unflagged"] = {"fp-unflagged", false};  // its writing was cut off, or another batch's view won
+  lat.entries["other"] = {"fp-someone-else", true};
+  lat.entries["other-cut"] = {"fp-someone-else", false};  // incomplete: nothing to lose
+  lat.entries["new-other"] = {"fp-someone-else", true};
+  const auto past = dlo::read_results(results);
+  const dlo::ResumeResult r = dlo::plan_resume(m, fps, past, false, {}, &lat);
+  CHECK(r.skipped == 1);
+  CHECK(r.render == std::vector<std::int64_t>{1, 2, 4, 6});
+  REQUIRE(r.problems.size() == 2);
+  CHECK(r.problems[0].job_id == "other");
+  CHECK(r.problems[1].job_id == "new-other");
+  CHECK(r.problems[1].line == 8);
+  CHECK(r.problems[0].message ==
+        "its entry in the latents file '/x/lat.h5' holds other parameters (fingerprint fp-someone-else, now fp-other); "
+        "--force renders it again and replaces them");
+  // Without a latents file the same results skip all five; --force renders everything.
+  CHECK(dlo::plan_resume(m, fps, past, false).skipped == 5);
+  const dlo::ResumeResult forced = dlo::plan_resume(m, fps, past, true, {}, &lat);
+  CHECK(forced.render.size() == ids.size());
+  CHECK(forced.problems.empty());
+}
+
 TEST_CASE("the fingerprint: every field that decides the video changes it, the id and the output's place do not") {
   dlo::ModelInfo info;
   info.transformer = dlo::WanTransformerConfig::preset("wan-test");

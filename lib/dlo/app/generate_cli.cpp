@@ -115,7 +115,8 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& 
 }
 
 BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, const AppOutputs& outputs,
-                          const std::string& dtypes, std::optional<FolderLock>& lock) {
+                          const std::string& dtypes, std::optional<FolderLock>& lock,
+                          std::optional<FolderLock>& latents_lock) {
   flags.erase("save_latents");  // for a batch, --save-latents names its latents file
   for (const char* single : {"prompt", "out"})
     DLO_CHECK(!a.count(single), "--", single,
@@ -141,7 +142,17 @@ BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, c
     const OutputFormat& f = outputs.format(j.format);
     return f.recorded_fingerprint ? f.recorded_fingerprint(j.output) : std::string();
   };
-  o.hold_output_dir = [&](const std::string& dir) { lock.emplace(dir, kLockFileName); };
+  if (a.count("save-latents")) {
+    o.latents = canonical_path(a["save-latents"].as<std::string>());
+    o.read_latents = outputs.read_latents;
+  }
+  o.hold_output_dir = [&](const std::string& dir) {
+    lock.emplace(dir, kLockFileName);
+    // The latents file, shared by any batch that names it: a lock beside it ("FILE.h5.lock").
+    if (!o.latents.empty())
+      latents_lock.emplace(path_folder(o.latents), path_name(o.latents) + ".lock",
+                           str("the latents file '", o.latents, "'"));
+  };
   return plan_batch(o);
 }
 

@@ -35,10 +35,12 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& args, const JobFlag
                                  const std::string& dtypes);
 
 // Rank 0: the plan of a --jobs batch (manifest, flags over it, checks, resume from results.jsonl)
-// and the checks of its --save-latents file. The output folder's lock is taken into `lock` and
-// held by the caller until every result is written.
+// and the checks of its --save-latents file. The output folder's lock is taken into `lock`, and
+// the latents file's ("FILE.h5.lock" beside it) into `latents_lock`; the caller holds them until
+// every result is written.
 BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& args, JobFlags flags, const AppOutputs& outputs,
-                                const std::string& dtypes, std::optional<FolderLock>& lock);
+                                const std::string& dtypes, std::optional<FolderLock>& lock,
+                                std::optional<FolderLock>& latents_lock);
 
 // Collective (plan_render): --dry-run's report on rank 0, each job with the ranks it starts on, the
 // topology's reason and the memory estimate per rank.

@@ -59,6 +59,9 @@ struct AppOutputs {
   std::function<std::unique_ptr<BatchLatents>(const MpiWorld& world, const std::string& path, const ModelInfo& model,
                                               const std::vector<BatchJob>& jobs, const std::string& dtypes)>
       open_latents;
+  // Rank 0, before the plan: the entries of an existing latents file, for resume (an empty index
+  // when there is none yet). Throws dlo::Error for a file open_latents would refuse.
+  std::function<LatentsIndex(const std::string& path)> read_latents;
   std::string no_latents_store;
 
   OutputFormatNames names() const;

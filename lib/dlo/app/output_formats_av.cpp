@@ -98,6 +98,11 @@ AppOutputs make() {
                          {{"parameters_json", job_parameters_json(j.spec, model)}}, j.fingerprint});
     return std::unique_ptr<BatchLatents>(std::make_unique<H5Latents>(world, path, entries));
   };
+  a.read_latents = [](const std::string& path) {
+    LatentsIndex index{path, {}};
+    for (const auto& [name, e] : read_latents_entries(path)) index.entries[name] = {e.fingerprint, e.complete};
+    return index;
+  };
   return a;
 }
 

@@ -311,6 +311,51 @@ bool reusable(hid_t ds, const LatentsEntry& e) {
   return read_string_attribute(ds, kFingerprint, &fp) && fp == e.fingerprint;
 }
 
+// Throws unless `file` is a latents file this class wrote, of this version.
+void check_ours(hid_t file) {
+  int version = 0;
+  const bool ours = H5Aexists(file, kVersionAttr) > 0 && [&] {
+    Id a(H5Aopen(file, kVersionAttr, H5P_DEFAULT), H5Aclose);
+    return a.ok() && H5Aread(a.get(), H5T_NATIVE_INT, &version) >= 0;
+  }();
+  H5Eclear2(H5E_DEFAULT);
+  DLO_CHECK(ours, "an HDF5 file that dlo did not write (no root attribute '", kVersionAttr,
+            "'); refusing to change it: choose another file or remove it");
+  DLO_CHECK(version == kVersion, "written by a dlo with latents file version ", version, " (this one reads ", kVersion,
+            "); choose another file or remove it");
+}
+
+// The flags of /_complete by name (1: complete). A /_complete that does not read back cleanly
+// counts as all 0. *had: whether there is one.
+std::map<std::string, int> read_flags(hid_t file, bool* had) {
+  std::map<std::string, int> old_flags;
+  *had = H5Lexists(file, kFlags, H5P_DEFAULT) > 0;
+  if (*had) {
+    Id ds(H5Dopen2(file, kFlags, H5P_DEFAULT), H5Dclose);
+    Id space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
+    Id attr(ds.ok() && H5Aexists(ds.get(), "names") > 0 ? H5Aopen(ds.get(), "names", H5P_DEFAULT) : -1, H5Aclose);
+    Id aspace(attr.ok() ? H5Aget_space(attr.get()) : -1, H5Sclose);
+    if (space.ok() && aspace.ok() && H5Sget_simple_extent_ndims(space.get()) == 1 &&
+        H5Sget_simple_extent_ndims(aspace.get()) == 1) {
+      hsize_t n = 0, na = 0;
+      H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+      H5Sget_simple_extent_dims(aspace.get(), &na, nullptr);
+      std::vector<unsigned char> flags(n);
+      std::vector<char*> names(na, nullptr);
+      Id type = string_type();
+      if (n == na && n > 0 && H5Dread(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, flags.data()) >= 0 &&
+          H5Aread(attr.get(), type.get(), names.data()) >= 0) {
+        for (hsize_t i = 0; i < n; ++i)
+          if (names[i]) old_flags[names[i]] = flags[i] == 1;
+      }
+      for (char* p : names)
+        if (p) H5free_memory(p);
+    }
+  }
+  H5Eclear2(H5E_DEFAULT);
+  return old_flags;
+}
+
 // The reading of an existing file (the same reads on every rank): what every rank then does.
 //   {"had_flags": bool, "entries": [{"do": "keep"|"attrs"|"create"|"replace", "old": [names], "flag": 0|1}],
 //    "extras": [{"name": ..., "flag": 0|1}]}
@@ -318,41 +363,10 @@ nlohmann::json make_plan(hid_t file, const std::vector<LatentsEntry>& entries, b
   nlohmann::json plan = {{"had_flags", false}, {"entries", nlohmann::json::array()}, {"extras", nlohmann::json::array()}};
   std::map<std::string, int> old_flags;
   if (existing) {
-    int version = 0;
-    const bool ours = H5Aexists(file, kVersionAttr) > 0 && [&] {
-      Id a(H5Aopen(file, kVersionAttr, H5P_DEFAULT), H5Aclose);
-      return a.ok() && H5Aread(a.get(), H5T_NATIVE_INT, &version) >= 0;
-    }();
-    H5Eclear2(H5E_DEFAULT);
-    DLO_CHECK(ours, "an HDF5 file that dlo did not write (no root attribute '", kVersionAttr,
-              "'); refusing to change it: choose another file or remove it");
-    DLO_CHECK(version == kVersion, "written by a dlo with latents file version ", version, " (this one reads ",
-              kVersion, "); choose another file or remove it");
-    // The old flags, by name. A /_complete that does not read back cleanly counts as all 0.
-    if (H5Lexists(file, kFlags, H5P_DEFAULT) > 0) {
-      plan["had_flags"] = true;
-      Id ds(H5Dopen2(file, kFlags, H5P_DEFAULT), H5Dclose);
-      Id space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
-      Id attr(ds.ok() && H5Aexists(ds.get(), "names") > 0 ? H5Aopen(ds.get(), "names", H5P_DEFAULT) : -1, H5Aclose);
-      Id aspace(attr.ok() ? H5Aget_space(attr.get()) : -1, H5Sclose);
-      if (space.ok() && aspace.ok() && H5Sget_simple_extent_ndims(space.get()) == 1 &&
-          H5Sget_simple_extent_ndims(aspace.get()) == 1) {
-        hsize_t n = 0, na = 0;
-        H5Sget_simple_extent_dims(space.get(), &n, nullptr);
-        H5Sget_simple_extent_dims(aspace.get(), &na, nullptr);
-        std::vector<unsigned char> flags(n);
-        std::vector<char*> names(na, nullptr);
-        Id type = string_type();
-        if (n == na && n > 0 && H5Dread(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, flags.data()) >= 0 &&
-            H5Aread(attr.get(), type.get(), names.data()) >= 0) {
-          for (hsize_t i = 0; i < n; ++i)
-            if (names[i]) old_flags[names[i]] = flags[i] == 1;
-        }
-        for (char* p : names)
-          if (p) H5free_memory(p);
-      }
-    }
-    H5Eclear2(H5E_DEFAULT);
+    check_ours(file);
+    bool had = false;
+    old_flags = read_flags(file, &had);
+    plan["had_flags"] = had;
   }
   std::set<std::string> wanted;
   for (const LatentsEntry& e : entries) {
@@ -621,6 +635,45 @@ void LatentsFile::flush() {
     for (std::size_t i = 0; i < mine.size(); ++i)
       complete_[i] = std::max<unsigned char>(complete_[i], static_cast<unsigned char>(all[r * mine.size() + i]));
   agree(world_, err.empty() ? "" : "latents file '" + path_ + "': flushing: " + err);
+}
+
+std::map<std::string, SavedLatentsEntry> read_latents_entries(const std::string& path) {
+  QuietHdf5 quiet;
+  std::map<std::string, SavedLatentsEntry> out;
+  with_context("latents file '" + path + "'", [&] {
+    const std::string resolved = resolve_output_path(path);
+    struct stat st {};
+    if (::stat(resolved.c_str(), &st) != 0) return;  // none yet
+    check_regular_file(resolved);
+    std::ifstream in(resolved, std::ios::binary);
+    char sig[8] = {};
+    in.read(sig, 8);
+    DLO_CHECK(in && std::memcmp(sig, "\211HDF\r\n\032\n", 8) == 0,
+              "exists and is not an HDF5 file; refusing to replace it: choose another file or remove it");
+    Id file(H5Fopen(resolved.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    DLO_CHECK(file.ok(), "cannot open it: ", hdf5_error());
+    check_ours(file.get());
+    bool had = false;
+    const std::map<std::string, int> flags = read_flags(file.get(), &had);
+    std::vector<std::string> links;
+    hsize_t idx = 0;
+    check_h5(H5Literate(file.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &links), "listing the root group");
+    for (const std::string& n : links) {
+      if (n == kFlags) continue;
+      H5O_info_t info{};
+      if (H5Oget_info_by_name2(file.get(), n.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0 ||
+          info.type != H5O_TYPE_DATASET)
+        continue;
+      Id ds(H5Dopen2(file.get(), n.c_str(), H5P_DEFAULT), H5Dclose);
+      SavedLatentsEntry e;
+      if (ds.ok()) read_string_attribute(ds.get(), kFingerprint, &e.fingerprint);
+      const auto f = flags.find(n);
+      e.complete = f != flags.end() && f->second == 1 && !e.fingerprint.empty();
+      out[n] = e;
+    }
+    H5Eclear2(H5E_DEFAULT);
+  });
+  return out;
 }
 
 }  // namespace dlo

@@ -40,8 +40,11 @@
 // aborts (ROMIO's "File locking failed in ADIOI_Set_lock"). Without locks and with client-side
 // caching, a rank on another node may read stale metadata when the file is opened: the ranks'
 // plans then differ and the constructor fails on every rank rather than diverge. HDF5's own file
-// locking is not used by the MPI-IO driver, so nothing stops two batches from opening one file at
-// once: give each batch its own file.
+// locking is not used by the MPI-IO driver, so this class does not stop two batches from opening
+// one file at once, and the second would rebuild /_complete from its own view: a caller that may
+// share a file holds a lock on it for as long as it is open (dlo-generate: a FolderLock beside it,
+// FILE.lock, taken before the file is read for resume). Under that lock /_complete is rebuilt
+// only here, from the flags in the file; every later change is one entry's flag.
 //
 // Space: HDF5 1.10 does not give back the space of a deleted dataset in a later session, so a
 // resumed batch that replaces datasets grows the file by their size (h5repack compacts it).
@@ -53,6 +56,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -126,5 +130,18 @@ class LatentsFile {
   std::int64_t flags_ = -1;              // hid_t of /_complete
   std::vector<std::int64_t> datasets_;   // hid_t per entry
 };
+
+// An entry of an existing latents file: the fingerprint it was written for ("" if it has none) and
+// whether its flag says its data are complete.
+struct SavedLatentsEntry {
+  std::string fingerprint;
+  bool complete = false;
+};
+
+// Not collective (one process, no MPI-IO; before the ranks open the file): the datasets of the
+// latents file at `path` (a symbolic link followed) by name. Empty when there is no file yet.
+// Throws dlo::Error naming the file when it is something LatentsFile would refuse to open (not an
+// HDF5 file, one dlo did not write, another version, unreadable). Reads only metadata.
+std::map<std::string, SavedLatentsEntry> read_latents_entries(const std::string& path);
 
 }  // namespace dlo

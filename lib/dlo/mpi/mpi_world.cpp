@@ -463,8 +463,9 @@ void MpiWorld::barrier(const char* phase) const {
   complete(&req, phase);
 }
 
-void MpiWorld::check_all(const std::string& my_error, const char* phase) const {
+void MpiWorld::check_all(const std::string& my_error, const char* phase, ErrorKind my_kind) const {
   if (allreduce_max(my_error.empty() ? 0 : 1, phase) == 0) return;
+  const auto kind = static_cast<ErrorKind>(allreduce_max(my_error.empty() ? 0 : static_cast<int>(my_kind), phase));
   auto all = gather_strings(my_error, 0, phase);
   std::string combined;
   if (rank_ == 0) {
@@ -480,7 +481,7 @@ void MpiWorld::check_all(const std::string& my_error, const char* phase) const {
       combined += size_ > 1 ? str("rank ", r, ": ", all[r]) : all[r];
     }
   }
-  throw Error(broadcast_string(combined, 0, phase), ErrorKind::kInput, /*on_every_rank=*/true);
+  throw Error(broadcast_string(combined, 0, phase), kind, /*on_every_rank=*/true);
 }
 
 }  // namespace dlo

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dlo/common/error.h"
 #include "dlo/common/settings.h"
 
 namespace dlo {
@@ -133,11 +134,13 @@ class MpiWorld {
   std::unique_ptr<MpiGroup> split(int color, const char* phase = "group split") const;
   static void free_comm(int handle) noexcept;
 
-  // Collective: each rank passes its error message ("" if it has none). If any rank has one,
-  // every rank throws the same dlo::Error listing them ("rank 2: ..."), of kind input and marked
+  // Collective: each rank passes its error message ("" if it has none) and its kind. If any rank
+  // has one, every rank throws the same dlo::Error listing them ("rank 2: ..."), marked
   // on_every_rank(), so a failure found on one rank before a wave ends all of them cleanly (exit 2
-  // everywhere) instead of leaving the others in a collective.
-  void check_all(const std::string& my_error, const char* phase = "start-up check") const;
+  // everywhere for bad input) instead of leaving the others in a collective. Its kind is the
+  // gravest of the ranks' (input < I/O < internal < transfer): no room for a file is not bad input.
+  void check_all(const std::string& my_error, const char* phase = "start-up check",
+                 ErrorKind my_kind = ErrorKind::kInput) const;
 
  private:
   // Polls `request` (an MPI_Request*: <mpi.h> stays out of this header) to completion; after

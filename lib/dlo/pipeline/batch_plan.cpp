@@ -96,7 +96,8 @@ bool output_intact(const std::string& path, std::int64_t recorded_bytes) {
 
 ResumeResult plan_resume(const Manifest& m, const std::vector<std::string>& fingerprints,
                          const std::map<std::string, PastResult>& past, bool force,
-                         const std::function<std::string(const JobSpec&)>& recorded_fingerprint) {
+                         const std::function<std::string(const JobSpec&)>& recorded_fingerprint,
+                         const LatentsIndex* latents) {
   DLO_ASSERT(fingerprints.size() == m.jobs.size(), fingerprints.size(), " fingerprints for ", m.jobs.size(), " jobs");
   ResumeResult r;
   for (std::size_t i = 0; i < m.jobs.size(); ++i) {
@@ -108,18 +109,36 @@ ResumeResult plan_resume(const Manifest& m, const std::vector<std::string>& fing
                                 where, ", now ", fingerprints[i], "); --force renders it again"),
                             i < m.job_lines.size() ? m.job_lines[i] : -1, -1});
     };
+    auto latents_changed = [&](const std::string& was) {
+      r.problems.push_back({m.path, ji, j.id, "",
+                            str("its entry in the latents file '", latents->path, "' holds other parameters (fingerprint ",
+                                was, ", now ", fingerprints[i], "); --force renders it again and replaces them"),
+                            i < m.job_lines.size() ? m.job_lines[i] : -1, -1});
+    };
     const auto it = past.find(j.id);
     if (force) {
       r.render.push_back(ji);
       continue;
     }
+    // The job's entry in the latents file: kept (complete, this job's), another job's, or neither.
+    const SavedLatents* saved = nullptr;
+    if (latents)
+      if (const auto e = latents->entries.find(j.id); e != latents->entries.end()) saved = &e->second;
+    const bool latents_other = saved && saved->complete && saved->fingerprint != fingerprints[i];
+    const bool latents_kept = !latents || (saved && saved->complete && saved->fingerprint == fingerprints[i]);
+    auto done = [&](bool recovered) {
+      if (latents_other) return latents_changed(saved->fingerprint);
+      if (!latents_kept) return r.render.push_back(ji);  // its video is there, its latents are not
+      ++r.skipped;
+      if (recovered) r.recovered.push_back(ji);
+    };
     // An ok line for this job's video where the job now puts it (a job whose output moved is rendered
     // at its new place; the fingerprint says what a video is, not where).
     const bool ok_here = it != past.end() && it->second.status == JobStatus::kOk &&
                          canonical_path(it->second.output) == canonical_path(j.output);
     if (ok_here && output_intact(j.output, it->second.output_bytes)) {
       if (fingerprints[i] == it->second.fingerprint)
-        ++r.skipped;
+        done(false);
       else
         changed(it->second.fingerprint, "");
       continue;
@@ -127,16 +146,17 @@ ResumeResult plan_resume(const Manifest& m, const std::vector<std::string>& fing
     // No ok line for this place: the run that wrote the video may have stopped before recording it.
     if (!ok_here && recorded_fingerprint) {
       if (const std::string was = recorded_fingerprint(j); !was.empty()) {
-        if (was == fingerprints[i]) {
-          ++r.skipped;
-          r.recovered.push_back(ji);
-        } else {
+        if (was == fingerprints[i])
+          done(true);
+        else
           changed(was, " in its metadata");
-        }
         continue;
       }
     }
-    r.render.push_back(ji);
+    if (latents_other)
+      latents_changed(saved->fingerprint);
+    else
+      r.render.push_back(ji);
   }
   return r;
 }
@@ -222,6 +242,10 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   p.cfg_parallel = m.cfg_parallel;
   p.output_dir = canonical_path(m.output_dir);
   p.results = p.output_dir + "/" + kResultsFileName;
+  if (!o.latents.empty() && !m.model.empty() &&
+      (canonical_path(o.latents) + "/").rfind(canonical_path(m.model) + "/", 0) == 0)
+    problems.push_back({"command line", -1, "", "--save-latents",
+                        str("'", o.latents, "' is inside the model folder '", m.model, "'")});
   std::vector<std::string> fingerprints;
   if (problems.empty() && !o.dry_run && o.hold_output_dir) {
     // Held before results.jsonl and the outputs are read: a batch ending meanwhile cannot leave
@@ -232,7 +256,10 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   if (problems.empty()) {
     p.model_identity = model_identity(m.model);
     for (const auto& j : m.jobs) fingerprints.push_back(job_fingerprint(j, model, p.model_identity, o.dtypes));
-    const ResumeResult r = plan_resume(m, fingerprints, read_results(p.results), o.force, o.recorded_fingerprint);
+    std::optional<LatentsIndex> latents;
+    if (!o.latents.empty() && o.read_latents) latents = o.read_latents(o.latents);
+    const ResumeResult r = plan_resume(m, fingerprints, read_results(p.results), o.force, o.recorded_fingerprint,
+                                       latents ? &*latents : nullptr);
     problems = r.problems;
     p.skipped = r.skipped;
     auto planned = [&](std::int64_t i) {

@@ -52,6 +52,17 @@ std::int64_t output_bytes(const std::string& path);
 // then existing and not empty is all that can be checked). A deleted, emptied or cut video fails.
 bool output_intact(const std::string& path, std::int64_t recorded_bytes);
 
+// A batch's latents file (--save-latents) as resume sees it: its entries by name (a job's id),
+// each with the fingerprint it was saved for and whether its data are complete (its flag).
+struct SavedLatents {
+  std::string fingerprint;
+  bool complete = false;
+};
+struct LatentsIndex {
+  std::string path;
+  std::map<std::string, SavedLatents> entries;
+};
+
 struct ResumeResult {
   std::vector<std::int64_t> render;       // indices into manifest.jobs, in order
   std::vector<std::int64_t> recovered;    // skipped by their outputs' metadata (no line), in order
@@ -64,11 +75,15 @@ struct ResumeResult {
 // but whose fingerprint changed is a problem (its video would be replaced) unless `force`. A job
 // `past` has no ok line for is skipped as recovered when `recorded_fingerprint` (the app's reader of
 // an output's own metadata; "" for none, a damaged or a cut output) gives its fingerprint, and is
-// a problem when it gives another. Every other job renders; `force` renders every job. Reads
-// only the outputs' sizes, and the metadata of outputs without a line.
+// a problem when it gives another. With a latents file (`latents`), a job is skipped only when its
+// entry there is also complete and of its fingerprint (a done job whose latents are missing or
+// were cut off renders again), and a job whose complete entry has another fingerprint is a
+// problem (rendering it would replace them) unless `force`. Every other job renders; `force`
+// renders every job. Reads only the outputs' sizes, and the metadata of outputs without a line.
 ResumeResult plan_resume(const Manifest& manifest, const std::vector<std::string>& fingerprints,
                          const std::map<std::string, PastResult>& past, bool force,
-                         const std::function<std::string(const JobSpec&)>& recorded_fingerprint = {});
+                         const std::function<std::string(const JobSpec&)>& recorded_fingerprint = {},
+                         const LatentsIndex* latents = nullptr);
 
 // The results.jsonl record of a recovered job (BatchPlan::recovered): ok, its output's size now,
 // `recovered` set, no timings.
@@ -104,14 +119,20 @@ struct BatchPlanOptions {
   // The fingerprint a job's existing output records in its metadata ("" for none): plan_resume.
   std::function<std::string(const JobSpec& job)> recorded_fingerprint;
   // Called (unless dry_run, and only when the manifest has no problem) once the output folder
-  // exists, before results.jsonl or any output in it is read: the app takes the folder's lock
-  // here (FolderLock), so a second batch on it is refused.
+  // exists, before results.jsonl, the latents file or any output in it is read: the app takes the
+  // folder's lock here (FolderLock), and the latents file's, so a second batch on either is refused.
   std::function<void(const std::string& output_dir)> hold_output_dir;
+  // --save-latents: the batch's latents file ("": none). It may not lie in the model folder (a
+  // problem of the command line). Its entries, read by `read_latents` (the app's reader: an empty
+  // index for a file that does not exist yet; throws dlo::Error for one it would not write) once
+  // the folders are held, take part in resume (plan_resume).
+  std::string latents;
+  std::function<LatentsIndex(const std::string& path)> read_latents;
 };
 
 // Rank 0: the manifest read and checked (load_manifest, check_manifest), every job fingerprinted
 // (job_fingerprint with the model folder's identity), resume applied (plan_resume against
-// results.jsonl in the output folder), the paths made canonical, and, unless dry_run, the output
+// results.jsonl in the output folder and the latents file, if any), the paths made canonical, and, unless dry_run, the output
 // folders created (the output folder itself and its hold_output_dir before resume is planned) and
 // the temporaries of killed writers removed. Throws ManifestError with every problem (bad fields,
 // changed jobs) or dlo::Error (an unreadable manifest, model folder or results file).
