@@ -217,7 +217,7 @@ class BatchRun {
       // The other parts' checkpoints are checked now (headers only), not after a job's denoise.
       Umt5Encoder::check_checkpoint(model_.dir + "/text_encoder");
       WanVae::check_checkpoint(model_.dir + "/vae");
-      (void)T5Tokenizer::load(model_.dir + "/tokenizer");
+      T5Tokenizer::load(model_.dir + "/tokenizer").check_fits_encoder(model_.text_encoder.vocab_size);
     } catch (const Error& e) {
       error = e.what();
     }
