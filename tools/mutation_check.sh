@@ -85,6 +85,11 @@ MUTANTS=$(cat <<'EOF'
 48|lib/dlo/render/generate.cpp|the topology agreement compares nothing (ranks that disagree go on into the groups' collectives)|"std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n))"|"true"
 49|lib/dlo/dist/collective_mpi.cpp|two-level gathers: the shards gathered across nodes put at the node's first rank's places (every rank with local index > 0 gets wrong bytes; nodes label)|"across_places_.push_back(n * k + rank_ % k);"|"across_places_.push_back(n * k);"
 50|lib/dlo/dist/collective_mpi.cpp|two-level gathers never used across nodes (the flat gather sends each shard once per rank of a node; nodes label)|"    nodes_ = count;\n"|"    return;\n"
+70|lib/dlo/text/tokenizer.cpp|with both spiece.model and tokenizer.json, spiece.model read again (WanPipeline reads tokenizer.json: other ids, other frames)|"const bool has_json = fs::exists(fs::symlink_status(json_path));"|"const bool has_json = fs::exists(fs::symlink_status(json_path)) && !fs::exists(model_path);"
+71|lib/dlo/text/tokenizer.cpp|the unknown piece's score min_score - 11 instead of tokenizers' min_score - 10 (pieces holding characters that are not pieces segment otherwise)|"const double unk_score = min_score - 10.0;"|"const double unk_score = min_score - 11.0;"
+72|lib/dlo/text/tokenizer.cpp|a tokenizer with one id more than the text encoder's embedding rows accepted|"DLO_CHECK(n <= encoder_vocab_size, impl_->source,"|"DLO_CHECK(n <= encoder_vocab_size + 1, impl_->source,"
+73|lib/dlo/config/job.cpp|a key given twice in dlo_defaults.json accepted (the last value wins)|"if (!o.keys.insert(o.last).second && twice.insert(where).second)"|"if (false)"
+74|lib/dlo/pipeline/manifest.cpp|guidance_2 beside guidance 1, both from dlo_defaults.json, blamed on the manifest's jobs|"const bool model_pair = s.kind == ManifestFieldSource::kModel && source(fe.beside).kind == ManifestFieldSource::kModel;"|"const bool model_pair = false;"
 EOF
 )
 
