@@ -93,6 +93,11 @@ MUTANTS=$(cat <<'EOF'
 63|lib/dlo/pipeline/batch_plan.cpp|N2: resume skips a done job whose latents entry is missing or unflagged|"      if (!latents_kept) return r.render.push_back(ji);"|""
 64|lib/dlo/pipeline/batch_plan.cpp|V11: a job whose id names another job's complete latents renders and replaces them|"const bool latents_other = saved && saved->complete && saved->fingerprint != fingerprints[i];"|"const bool latents_other = false;"
 65|lib/dlo/common/folder_lock.cpp|V16: a held lock never notices its folder removed (the batch denoises every remaining job)|"if (holds_text(path_.c_str(), text_.data(), text_.size())) return;"|"return;"
+70|lib/dlo/text/tokenizer.cpp|with both spiece.model and tokenizer.json, spiece.model read again (WanPipeline reads tokenizer.json: other ids, other frames)|"const bool has_json = fs::exists(fs::symlink_status(json_path));"|"const bool has_json = fs::exists(fs::symlink_status(json_path)) && !fs::exists(model_path);"
+71|lib/dlo/text/tokenizer.cpp|the unknown piece's score min_score - 11 instead of tokenizers' min_score - 10 (pieces holding characters that are not pieces segment otherwise)|"const double unk_score = min_score - 10.0;"|"const double unk_score = min_score - 11.0;"
+72|lib/dlo/text/tokenizer.cpp|a tokenizer with one id more than the text encoder's embedding rows accepted|"DLO_CHECK(n <= encoder_vocab_size, impl_->source,"|"DLO_CHECK(n <= encoder_vocab_size + 1, impl_->source,"
+73|lib/dlo/config/job.cpp|a key given twice in dlo_defaults.json accepted (the last value wins)|"if (!o.keys.insert(o.last).second && twice.insert(where).second)"|"if (false)"
+74|lib/dlo/pipeline/manifest.cpp|guidance_2 beside guidance 1, both from dlo_defaults.json, blamed on the manifest's jobs|"const bool model_pair = s.kind == ManifestFieldSource::kModel && source(fe.beside).kind == ManifestFieldSource::kModel;"|"const bool model_pair = false;"
 EOF
 )
 

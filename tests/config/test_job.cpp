@@ -394,3 +394,55 @@ TEST_CASE("a model folder's dlo_defaults.json: the settings it was made for, typ
   CHECK(problems[0].field == "");
   CHECK(problems[0].message.rfind("not valid JSON", 0) == 0);
 }
+
+// V5 (batch probe 2026-12-07): a key given twice was accepted silently, the last value winning.
+TEST_CASE("a key given twice in dlo_defaults.json is refused naming the file and the key") {
+  dlo::test::TempDir d;
+  const std::string dir = d.path().string(), path = dir + "/dlo_defaults.json";
+  dlo::test::write_file(path, R"({"defaults": {"steps": 20, "height": 64, "steps": 3}, "about": "x", "about": "y"})");
+  std::string what;
+  try {
+    dlo::read_model_job_defaults(dir);
+  } catch (const dlo::Error& e) {
+    what = e.what();
+    CHECK(e.kind() == dlo::ErrorKind::kInput);
+  }
+  CHECK(what == path + ": defaults.steps: given twice (JSON would keep the last value silently; give each key once)\n" +
+                    path + ": about: given twice (JSON would keep the last value silently; give each key once)");
+  std::vector<dlo::FieldError> problems;
+  const auto kept = dlo::read_model_job_defaults(dir, &problems);
+  CHECK(problems.size() == 2);
+  CHECK(kept.size() == 1);  // height; neither steps
+  CHECK(kept.count("height") == 1);
+  // The same key in two objects is no repetition.
+  dlo::test::write_file(path, R"({"about": {"steps": 1}, "defaults": {"steps": 20}})");
+  problems.clear();
+  (void)dlo::read_model_job_defaults(dir, &problems);
+  for (const auto& p : problems) CHECK(p.message.find("twice") == std::string::npos);
+}
+
+// V5: docs/manifest.md listed 7 of the 9 keys a model folder may recommend.
+TEST_CASE("docs/manifest.md lists every key dlo_defaults.json may hold, as the table marks them") {
+  std::ifstream in(std::string(DLO_SOURCE_DIR) + "/docs/manifest.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string doc = ss.str();
+  std::replace(doc.begin(), doc.end(), '\n', ' ');  // the sentence wraps
+  const std::string begin = "The keys it may hold are ", end = " (the fields marked";
+  const auto a = doc.find(begin);
+  REQUIRE_MESSAGE(a != std::string::npos, "docs/manifest.md lacks the sentence starting '" << begin << "'");
+  const auto b = doc.find(end, a);
+  REQUIRE(b != std::string::npos);
+  std::vector<std::string> listed;
+  const std::string sentence = doc.substr(a + begin.size(), b - a - begin.size());
+  for (std::size_t i = sentence.find('`'); i != std::string::npos; i = sentence.find('`', i)) {
+    const std::size_t j = sentence.find('`', i + 1);
+    REQUIRE(j != std::string::npos);
+    listed.push_back(sentence.substr(i + 1, j - i - 1));
+    i = j + 1;
+  }
+  std::vector<std::string> table;
+  for (const auto& f : dlo::job_fields())
+    if (f.from(dlo::kFromModel)) table.push_back(f.key);
+  CHECK(listed == table);
+}

@@ -85,6 +85,12 @@ check "model_index.json: field 'expand_timesteps' is true, but the transformer's
 # A TI2V-shaped folder (the Wan2.2 VAE: 16x spatial, so 32-pixel multiples with the patch).
 "$BIN/dlo-checkpoint" make "$T/ti2v-m" --preset wan2.2-ti2v-test --layers 2 --dtype bf16 >/dev/null
 check "--height: 48 is not a multiple of 32" --model "$T/ti2v-m" --height 48 --width 64
+# A tokenizer with ids beyond the text encoder's embedding (150 extra ids: 662 ids for a vocab_size
+# of 612) is refused when the folder is checked, not by the jobs whose prompts reach those ids.
+index_variant bigid '{}'
+rm "$T/bigid/tokenizer" && mkdir "$T/bigid/tokenizer" && cp "$T/m/tokenizer/spiece.model" "$T/bigid/tokenizer/"
+echo '{"extra_ids": 150}' >"$T/bigid/tokenizer/tokenizer_config.json"
+check "bigid/tokenizer/spiece.model: token ids reach 661, beyond the text encoder's vocab_size 612" --model "$T/bigid"
 index_variant i2v '{"_class_name": "WanImageToVideoPipeline"}'
 check "field '_class_name' is 'WanImageToVideoPipeline'" --model "$T/i2v"
 index_variant saved '{"transformer_2": [None, None], "boundary_ratio": None, "expand_timesteps": False}'

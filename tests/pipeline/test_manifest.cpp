@@ -666,6 +666,36 @@ TEST_CASE("a model folder's recommended settings sit below the manifest: job > c
   CHECK(checked[0].message.find("multiple of 16") != std::string::npos);
 }
 
+// V5 (batch probe 2026-12-07, D16): guidance 1 and guidance_2 4, both from dlo_defaults.json, were
+// reported against the manifest's first job line.
+TEST_CASE("guidance_2 beside guidance 1, both from the model folder's dlo_defaults.json, names that file") {
+  TempDir d;
+  dlo::test::write_config_only_model(d.file("model"));
+  dlo::ModelInfo two = dlo::read_model_info(d.file("model"));
+  two.transformer_2 = two.transformer;
+  two.boundary_ratio = 0.875;
+  dlo::test::write_file(d.file("model/dlo_defaults.json"), R"({"defaults": {"height": 64, "width": 64, "guidance": 1, "guidance_2": 4}})");
+  const Loaded r = load(d, "m.yaml", "model: model\njobs:\n  - a fox\n  - a cat\n");
+  REQUIRE(r.what == "");
+  const auto checked = dlo::check_manifest(r.manifest, two);
+  INFO(dlo::format_problems(checked));
+  REQUIRE(checked.size() == 1);  // once, not per job
+  CHECK(checked[0].file.find("model/dlo_defaults.json") != std::string::npos);
+  CHECK(checked[0].job_index == -1);
+  CHECK(checked[0].field == "defaults.guidance_2");
+  CHECK(checked[0].message.find("4 has no effect with guidance 1") == 0);
+  // A job's own guidance 1 beside the folder's guidance_2 turns guidance off: nothing to refuse;
+  // the job's own guidance_2 beside the folder's guidance 1 is the job's.
+  const Loaded off = load(d, "m.yaml", "model: model\njobs:\n  - {prompt: a fox, guidance: 1}\n");
+  CHECK(dlo::check_manifest(off.manifest, two).empty());
+  dlo::test::write_file(d.file("model/dlo_defaults.json"), R"({"defaults": {"height": 64, "width": 64, "guidance": 1}})");
+  const Loaded own = load(d, "m.yaml", "model: model\njobs:\n  - {prompt: a fox, guidance_2: 4}\n");
+  const auto at_job = dlo::check_manifest(own.manifest, two);
+  REQUIRE(at_job.size() == 1);
+  CHECK(at_job[0].file.find("m.yaml") != std::string::npos);
+  CHECK(at_job[0].job_index == 0);
+}
+
 TEST_CASE("the batch's topology keys: sp and cfg_parallel, checked with their line") {
   TempDir d;
   Loaded r = load(d, "m.yaml", "model: m\nsp: 2\ncfg_parallel: on\njobs: [a]\n");

@@ -231,6 +231,102 @@ TEST_CASE("tokenizer.json alone (transformers 5's save_pretrained): the same ids
   CHECK(json.encode_padded({"xxx ab"}, 3).input_ids == Ids{3, 9, 1});
 }
 
+// N3 (batch probe 2026-12-07): with both files dlo read spiece.model, WanPipeline (transformers 5)
+// tokenizer.json; a re-saved tokenizer.json written over an original folder gave other frames.
+TEST_CASE("a folder with both spiece.model and tokenizer.json that disagree is read from tokenizer.json") {
+  TempDir dir;
+  for (const char* d : {"both", "spm"}) std::filesystem::create_directories(dir.file(d));
+  write(dir.file("spm/spiece.model"), make_model(hand_pieces()));
+  write(dir.file("both/spiece.model"), make_model(hand_pieces()));
+  nlohmann::json j = hand_tokenizer_json();
+  j["model"]["vocab"][6][1] = -3.0;  // ▁a
+  j["model"]["vocab"][7][1] = -0.5;  // ab
+  write(dir.file("both/tokenizer.json"), j.dump());
+  const auto both = T5Tokenizer::load(dir.file("both"));
+  CHECK(both.source() == dir.file("both") + "/tokenizer.json");
+  // "▁ab": ▁ + ab (-2.5) beats ▁a + b (-4), ▁ab (-4) and ▁ + a + b (-4) in tokenizer.json's scores;
+  // spiece.model's make it ▁a + b (-2.5, the hand-worked case above).
+  CHECK(both.encode("ab") == Ids{3, 7});
+  CHECK(T5Tokenizer::load(dir.file("spm")).encode("ab") == Ids{6, 5});
+  CHECK(T5Tokenizer::load(dir.file("spm")).source() == dir.file("spm") + "/spiece.model");
+  // transformers never opens spiece.model beside tokenizer.json: neither does dlo.
+  write(dir.file("both/spiece.model"), "not a model");
+  CHECK(T5Tokenizer::load(dir.file("both")).encode("ab") == Ids{3, 7});
+}
+
+// V4: a corrupt tokenizer.json beside a valid spiece.model was never read (WanPipeline cannot
+// load such a folder); now it is read, and refused by name.
+TEST_CASE("a corrupt tokenizer.json beside a valid spiece.model is refused naming tokenizer.json") {
+  TempDir dir;
+  const std::string d = dir.file("m");
+  std::filesystem::create_directories(d);
+  write(d + "/spiece.model", make_model(hand_pieces()));
+  const std::string text = hand_tokenizer_json().dump();
+  write(d + "/tokenizer.json", text.substr(0, text.size() / 2));
+  CHECK(contains(load_error(d), d + "/tokenizer.json: not valid JSON"));
+  write(d + "/tokenizer.json", "");
+  CHECK(contains(load_error(d), d + "/tokenizer.json: not valid JSON"));
+  nlohmann::json bpe = hand_tokenizer_json();
+  bpe["model"]["type"] = "BPE";
+  write(d + "/tokenizer.json", bpe.dump());
+  CHECK(contains(load_error(d), d + "/tokenizer.json: field 'model.type' is 'BPE'"));
+  // Not a regular file (transformers would fall back to spiece.model there): refused by name.
+  std::filesystem::remove(d + "/tokenizer.json");
+  std::filesystem::create_directories(d + "/tokenizer.json");
+  CHECK(contains(load_error(d), "tokenizer.json"));
+  std::filesystem::remove(d + "/tokenizer.json");
+  std::filesystem::create_symlink(d + "/gone.json", d + "/tokenizer.json");
+  CHECK(contains(load_error(d), "tokenizer.json"));
+  std::filesystem::remove(d + "/tokenizer.json");
+  CHECK(T5Tokenizer::load(d).encode("ab") == Ids{6, 5});  // spiece.model alone
+}
+
+// V3: ids beyond the text encoder's embedding were found per job, at encoding (exit 3).
+TEST_CASE("a tokenizer with ids at or beyond the text encoder's vocab_size is refused naming the file and the id") {
+  TempDir dir;
+  write(dir.file("tokenizer.json"), hand_tokenizer_json().dump());  // 14 ids: 0..13
+  const auto t = T5Tokenizer::load(dir.path().string());
+  t.check_fits_encoder(14);
+  t.check_fits_encoder(256384);
+  CHECK_THROWS_AS(t.check_fits_encoder(13), Error);  // id 13 has no row
+  std::string e;
+  try {
+    t.check_fits_encoder(12);
+  } catch (const Error& x) {
+    e = x.what();
+    CHECK(x.kind() == ErrorKind::kInput);
+  }
+  CHECK(e == dir.file("tokenizer.json") + ": token ids reach 13, beyond the text encoder's vocab_size 12 "
+             "(text_encoder/config.json): id 12 ('<extra_id_1>') and above have no embedding row, and a prompt "
+             "holding one could not be encoded (the tokenizer does not belong to this text encoder)");
+}
+
+// Item 8 of issue 46: a changed unknown-piece penalty went unseen, because every tested
+// vocabulary held each character of a piece as a piece of its own. A user's tokenizer.json need
+// not: tests/data/goldens/tokenizer_unknown_pieces.json holds one such vocabulary as transformers
+// saves it, and the ids AutoTokenizer gives (tools/reference/make_tokenizer_goldens.py).
+TEST_CASE("pieces holding characters that are not pieces: transformers' ids (the unknown piece's score decides)") {
+  std::ifstream in(std::string(DLO_SOURCE_DIR) + "/tests/data/goldens/tokenizer_unknown_pieces.json");
+  REQUIRE(in.good());
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  TempDir dir;
+  write(dir.file("tokenizer.json"), golden.at("tokenizer_json").dump());
+  write(dir.file("tokenizer_config.json"), golden.at("tokenizer_config").dump());
+  const auto t = T5Tokenizer::load(dir.path().string());
+  CHECK(t.token_to_id("\xC3\xA9") == -1);  // é is no piece, "éc" and "ée" are
+  CHECK(t.token_to_id("\xC3\xA9" "c") >= 0);
+  std::size_t n = 0, unk = 0;
+  for (const auto& c : golden.at("cases")) {
+    const std::string text = c.at("text").get<std::string>();
+    const Ids want = c.at("ids").get<Ids>();
+    CHECK_MESSAGE(t.encode(text) == want, "text '" << text << "'");
+    ++n;
+    unk += static_cast<std::size_t>(std::count(want.begin(), want.end(), 2));
+  }
+  CHECK(n >= 300);
+  CHECK(unk >= 100);
+}
+
 TEST_CASE("tokenizer.json of another shape is refused naming the field") {
   TempDir dir;
   int n = 0;
@@ -269,7 +365,7 @@ TEST_CASE("tokenizer folder errors name the folder and say what is supported") {
   std::filesystem::create_directories(dir.file("empty"));
   const std::string empty = load_error(dir.file("empty"));
   CHECK(empty.find("loading tokenizer '" + dir.file("empty") + "'") == 0);
-  CHECK(contains(empty, "no spiece.model and no tokenizer.json"));
+  CHECK(contains(empty, "no tokenizer.json and no spiece.model"));
 
   std::filesystem::create_directories(dir.file("json_only"));
   write(dir.file("json_only/tokenizer.json"), "{}");

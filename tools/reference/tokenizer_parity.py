@@ -18,11 +18,16 @@ strings drawn from a mixed alphabet. The tokenizer is the one `dlo-checkpoint ma
 --tokenizer DIR, or with --python-spm one trained here with Python's sentencepiece (other options:
 identity normalisation, user-defined symbols, byte fallback, 10 extra ids), to exercise more paths.
 With --resave the folder is first loaded by transformers and written again by its save_pretrained:
-transformers 5 writes tokenizer.json and no spiece.model, and both sides read that folder.
+transformers 5 writes tokenizer.json and no spiece.model, and both sides read that folder. With
+--both (implies --resave) another tokenizer's spiece.model (the one `dlo-checkpoint make` trains)
+is then put beside that tokenizer.json, as when a re-saved tokenizer is written over an original
+folder: the two files disagree, transformers' AutoTokenizer reads tokenizer.json, and so must dlo
+(the run fails if the two files would give the same ids, which would test nothing).
 
   tokenizer_parity.py --bin build/bin --random 2000
   tokenizer_parity.py --bin build/bin --raw --python-spm --random 2000
   tokenizer_parity.py --bin build/bin --resave --python-spm --random 2000
+  tokenizer_parity.py --bin build/bin --both --python-spm --raw --random 2000
 """
 import argparse
 import json
@@ -105,13 +110,16 @@ def main():
     ap.add_argument("--raw", action="store_true", help="no prompt_clean on either side")
     ap.add_argument("--resave", action="store_true",
                     help="compare on the folder transformers' save_pretrained writes (tokenizer.json, no spiece.model)")
+    ap.add_argument("--both", action="store_true",
+                    help="--resave, then another tokenizer's spiece.model beside tokenizer.json (the files disagree)")
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--random", type=int, default=0, help="random strings added to the fixed prompts")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    args.resave = args.resave or args.both
 
     from diffusers.pipelines.wan.pipeline_wan import prompt_clean
-    from transformers import T5TokenizerFast
+    from transformers import AutoTokenizer, T5TokenizerFast
 
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model")
@@ -125,7 +133,6 @@ def main():
             subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--components", "tokenizer"],
                            check=True, stdout=subprocess.DEVNULL)
         if args.resave:
-            from transformers import AutoTokenizer
             saved = os.path.join(tmp, "resaved")
             AutoTokenizer.from_pretrained(tok_dir).save_pretrained(saved)
             files = sorted(os.listdir(saved))
@@ -137,6 +144,11 @@ def main():
             else:
                 shutil.rmtree(tok_dir)
             shutil.copytree(saved, tok_dir)
+        if args.both:
+            other = os.path.join(tmp, "other")
+            subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", other, "--components", "tokenizer"],
+                           check=True, stdout=subprocess.DEVNULL)
+            shutil.copy(os.path.join(other, "tokenizer", "spiece.model"), os.path.join(tok_dir, "spiece.model"))
 
         rng = random.Random(args.seed)
         words = CORPUS.split()
@@ -158,10 +170,23 @@ def main():
                         "--inputs", inputs, "--out", out], check=True)
         ours = load_file(out)
 
-        tok = T5TokenizerFast.from_pretrained(tok_dir)
+        # With both files: what WanPipeline's from_pretrained gives for the folder (AutoTokenizer).
+        tok = AutoTokenizer.from_pretrained(tok_dir) if args.both else T5TokenizerFast.from_pretrained(tok_dir)
         texts = prompts if args.raw else [prompt_clean(p) for p in prompts]
         ref = tok(texts, padding="max_length", max_length=args.max_length, truncation=True, add_special_tokens=True,
                   return_attention_mask=True, return_tensors="pt")
+        if args.both:  # the spiece.model beside it, alone, must give other ids: else this tests nothing
+            alone = os.path.join(tmp, "spiece_alone")
+            os.makedirs(alone)
+            shutil.copy(os.path.join(tok_dir, "spiece.model"), alone)
+            other_ids = T5TokenizerFast.from_pretrained(alone)(texts, padding="max_length", max_length=args.max_length,
+                                                                truncation=True, return_tensors="pt").input_ids
+            differ = sum(not torch.equal(other_ids[i], ref.input_ids[i]) for i in range(len(texts)))
+            print(f"both files: {type(tok).__name__} on tokenizer.json; spiece.model alone gives other ids for "
+                  f"{differ}/{len(texts)} prompts")
+            if differ == 0:
+                print("FAIL: the two files agree; --both would test nothing")
+                return 1
 
     bad = [i for i in range(len(prompts))
            if not (torch.equal(ours["input_ids"][i], ref.input_ids[i])
@@ -174,7 +199,8 @@ def main():
     truncated = int((lengths == args.max_length).sum())
     print(f"{'PASS' if not bad else 'FAIL'}: tokenizer ({'raw' if args.raw else 'prompt_clean'}, "
           f"{'python-trained' if args.python_spm else args.tokenizer or 'dlo-trained'}"
-          f"{', re-saved by transformers: tokenizer.json' if args.resave else ''}, vocab {len(tok)}): "
+          f"{', re-saved by transformers: tokenizer.json' if args.resave else ''}"
+          f"{' beside another spiece.model' if args.both else ''}, vocab {len(tok)}): "
           f"{len(prompts) - len(bad)}/{len(prompts)} prompts give equal input_ids and attention_mask "
           f"(max_length {args.max_length}; {truncated} truncated; {int((ref.input_ids == tok.unk_token_id).sum())} "
           f"<unk> tokens; shape ours {tuple(ours['input_ids'].shape)} ref {tuple(ref.input_ids.shape)})")

@@ -362,9 +362,32 @@ std::map<std::string, JobFieldValue> read_model_job_defaults(const std::string& 
   if (!std::filesystem::exists(path, ec)) return out;  // a folder without recommendations
   std::vector<FieldError> found;
   auto add = [&](const std::string& field, const std::string& message) { found.push_back({field, message}); };
+  // Keys given twice in one object ("defaults.steps"): JSON keeps the last silently, a manifest
+  // refuses them, and so does this file.
+  struct Object {
+    std::string name;  // "" for the top level, else the key it is the value of
+    std::set<std::string> keys;
+    std::string last;  // its last key, the name of an object that follows
+  };
+  std::vector<Object> open;
+  std::set<std::string> twice;
+  const ojson::parser_callback_t track = [&](int, ojson::parse_event_t event, ojson& parsed) {
+    if (event == ojson::parse_event_t::object_start) {
+      open.push_back({open.empty() ? "" : open.back().last, {}, {}});
+    } else if (event == ojson::parse_event_t::object_end && !open.empty()) {
+      open.pop_back();
+    } else if (event == ojson::parse_event_t::key && !open.empty()) {
+      Object& o = open.back();
+      o.last = parsed.get<std::string>();
+      const std::string where = o.name.empty() ? o.last : o.name + "." + o.last;
+      if (!o.keys.insert(o.last).second && twice.insert(where).second)
+        add(where, "given twice (JSON would keep the last value silently; give each key once)");
+    }
+    return true;
+  };
   ojson doc;
   try {
-    doc = ojson::parse(read_file(path));
+    doc = ojson::parse(read_file(path), track);
     if (!doc.is_object()) add("", "must be a JSON object with the key \"defaults\"");
   } catch (const ojson::exception& e) {
     add("", str("not valid JSON: ", e.what()));
@@ -382,6 +405,7 @@ std::map<std::string, JobFieldValue> read_model_job_defaults(const std::string& 
       if (row.from(kFromModel)) allowed.push_back(row.key);
     for (auto it = d.is_object() ? d.begin() : d.end(); it != d.end(); ++it) {
       const std::string where = "defaults." + it.key();
+      if (twice.count(where)) continue;  // reported
       const JobField* f = find_job_field(it.key());
       if (!f || !f->from(kFromModel)) {
         add(where, str(f ? "is not a setting a model folder may recommend" : "unknown job field", " (",

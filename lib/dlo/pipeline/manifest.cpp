@@ -676,7 +676,10 @@ std::vector<ManifestProblem> check_manifest(const Manifest& manifest, const Mode
         return 0;
       };
       if (!fe.beside.empty() && rank(s.kind) < rank(source(fe.beside).kind)) continue;
-      if (fe.with_job) {
+      // Both values from the model folder's file (its guidance 1 beside its guidance_2 4): that
+      // file is wrong, whatever job meets it.
+      const bool model_pair = s.kind == ManifestFieldSource::kModel && source(fe.beside).kind == ManifestFieldSource::kModel;
+      if (fe.with_job && !model_pair) {
         const bool at_key = s.kind == ManifestFieldSource::kJob;
         out.push_back({manifest.path, ji, job.id, fe.field, fe.message, at_key ? s.line : entry_line,
                        at_key ? s.column : -1});

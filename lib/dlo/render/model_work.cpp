@@ -38,7 +38,7 @@ class ModelWork final : public BatchWork {
     // The other parts' checkpoints are checked now (headers only), not after a job's denoise.
     Umt5Encoder::check_checkpoint(model_.dir + "/text_encoder");
     WanVae::check_checkpoint(model_.dir + "/vae");
-    (void)T5Tokenizer::load(model_.dir + "/tokenizer");
+    T5Tokenizer::load(model_.dir + "/tokenizer").check_fits_encoder(model_.text_encoder.vocab_size);
     // The same block layout everywhere (every expert's).
     layout = 0;
     std::vector<StackSize> sizes;

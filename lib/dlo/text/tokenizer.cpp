@@ -723,6 +723,7 @@ std::string prompt_clean(const std::string& text) {
 
 struct T5Tokenizer::Impl {
   std::string dir;
+  std::string source;  // the file read
   Charsmap charsmap;
   std::vector<std::string> vocab;                     // id -> token
   std::vector<double> scores;
@@ -865,8 +866,10 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
     DLO_CHECK(fs::is_directory(dir), "not a directory");
     const std::string model_path = (fs::path(dir) / "spiece.model").string();
     const std::string json_path = (fs::path(dir) / "tokenizer.json").string();
-    DLO_CHECK(fs::exists(model_path) || fs::exists(json_path),
-              "no spiece.model and no tokenizer.json in the folder (dlo reads a T5 tokenizer from either)");
+    // tokenizer.json whenever the name is there (a dangling link, a FIFO: refused by name below).
+    const bool has_json = fs::exists(fs::symlink_status(json_path));
+    DLO_CHECK(has_json || fs::exists(model_path),
+              "no tokenizer.json and no spiece.model in the folder (dlo reads a T5 tokenizer from either)");
 
     // tokenizer_config.json / special_tokens_map.json: extra_ids, special token names, additional tokens.
     std::int64_t extra_ids = 100;
@@ -891,10 +894,16 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
       }
     }
 
-    // spiece.model first (the original's file), else tokenizer.json (a folder transformers 5 re-saved).
+    // tokenizer.json first, as transformers 5 reads a folder (tokenizer.h), else spiece.model.
     TokenizerData d;
     std::vector<std::string> pieces_added;  // control and user-defined pieces of spiece.model
-    if (fs::exists(model_path)) {
+    if (has_json) {
+      try {
+        d = read_tokenizer_json(json_path);  // its vocabulary already holds the extra ids
+      } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
+        DLO_CHECK(false, json_path, ": a field has the wrong type: ", e.what());
+      }
+    } else {
       d.source = model_path;
       const std::string bytes = read_file(model_path);
       SpmModel m = parse_spm(bytes, model_path + ": not a SentencePiece model");
@@ -912,16 +921,11 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
         d.vocab.push_back("<extra_id_" + std::to_string(i) + ">");
         d.scores.push_back(0.0);
       }
-    } else {
-      try {
-        d = read_tokenizer_json(json_path);  // its vocabulary already holds the extra ids
-      } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
-        DLO_CHECK(false, json_path, ": a field has the wrong type: ", e.what());
-      }
     }
 
     auto impl = std::make_unique<Impl>();
     impl->dir = dir;
+    impl->source = d.source;
     impl->charsmap = Charsmap(d.charsmap_blob, d.source);
     impl->vocab = std::move(d.vocab);
     impl->scores = std::move(d.scores);
@@ -995,5 +999,15 @@ std::int64_t T5Tokenizer::token_to_id(const std::string& token) const {
 }
 
 const std::string& T5Tokenizer::dir() const { return impl_->dir; }
+const std::string& T5Tokenizer::source() const { return impl_->source; }
+
+void T5Tokenizer::check_fits_encoder(std::int64_t encoder_vocab_size) const {
+  const std::int64_t n = vocab_size();
+  const auto first = static_cast<std::size_t>(std::max<std::int64_t>(encoder_vocab_size, 0));  // read on failure
+  DLO_CHECK(n <= encoder_vocab_size, impl_->source, ": token ids reach ", n - 1, ", beyond the text encoder's vocab_size ",
+            encoder_vocab_size, " (text_encoder/config.json): id ", encoder_vocab_size, " ('", impl_->vocab[first],
+            "') and above have no embedding row, and a prompt holding one could not be encoded (the tokenizer does "
+            "not belong to this text encoder)");
+}
 
 }  // namespace dlo

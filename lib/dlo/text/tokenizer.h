@@ -1,6 +1,6 @@
 // The Wan text pipeline's tokenizer: diffusers' prompt cleaning plus transformers' T5Tokenizer
-// (T5TokenizerFast), on a SentencePiece unigram model (`tokenizer/spiece.model`, or the same
-// model in `tokenizer/tokenizer.json`).
+// (T5TokenizerFast), on a SentencePiece unigram model (`tokenizer/tokenizer.json`, or the same
+// model in `tokenizer/spiece.model`).
 //
 // What is equal to transformers 5.x, and how:
 //  * prompt_clean() is diffusers' pipeline_wan.prompt_clean *without ftfy* (diffusers skips
@@ -23,13 +23,21 @@
 //  * The vocabulary is the SentencePiece pieces followed by the `extra_ids` sentinels in reverse
 //    (<extra_id_{n-1}> ... <extra_id_0>), as transformers' T5 converter builds it.
 //
-// Supported tokenizer folders: `spiece.model` with optional `tokenizer_config.json` (extra_ids,
-// additional_special_tokens, eos/pad/unk tokens) and `special_tokens_map.json`; or, without
-// spiece.model, `tokenizer.json` as transformers 5's save_pretrained writes a T5 tokenizer (the
-// same pipeline serialised by tokenizers: Unigram vocabulary with scores, Precompiled charsmap in
-// base64, WhitespaceSplit + Metaspace, "$A </s>", added tokens). A tokenizer.json of any other
-// shape (BPE, byte fallback, another normaliser or pre-tokeniser, stripping added tokens) is
-// refused naming the field. With both files, spiece.model is read.
+// Supported tokenizer folders: `tokenizer.json` as transformers 5's save_pretrained writes a T5
+// tokenizer (the same pipeline serialised by tokenizers: Unigram vocabulary with scores,
+// Precompiled charsmap in base64, WhitespaceSplit + Metaspace, "$A </s>", added tokens); or,
+// without tokenizer.json, `spiece.model`; either with optional `tokenizer_config.json`
+// (extra_ids, additional_special_tokens, eos/pad/unk tokens) and `special_tokens_map.json`. A
+// tokenizer.json of any other shape (BPE, byte fallback, another normaliser or pre-tokeniser,
+// stripping added tokens) is refused naming the field.
+// With both files, tokenizer.json is read and spiece.model is not opened, as transformers 5.23
+// does (TokenizersBackend.convert_to_native_format: T5Tokenizer takes the vocabulary, charsmap
+// and added tokens from tokenizer.json whenever it is a file, and converts spiece.model only
+// without it): a folder whose re-saved tokenizer.json was written over an original spiece.model
+// gives WanPipeline's ids, whatever the stale spiece.model holds. A tokenizer.json that cannot be
+// read is an error naming it, never a reason to fall back to spiece.model (transformers fails on
+// it too; where it is not a regular file, a FIFO or a directory, transformers would take
+// spiece.model and dlo refuses the folder).
 #pragma once
 
 #include <cstdint>
@@ -57,9 +65,10 @@ struct TokenizedBatch {
 
 class T5Tokenizer {
  public:
-  // Loads a transformers T5 tokenizer folder. Throws dlo::Error naming the folder, file and field
-  // when neither spiece.model nor tokenizer.json is there, or the file is unreadable, not a
-  // unigram model, not of the supported shape (above), or lacks the T5 ids pad=0, </s>=1, <unk>=2.
+  // Loads a transformers T5 tokenizer folder (tokenizer.json when there is one, else
+  // spiece.model: above). Throws dlo::Error naming the folder, file and field when neither file is
+  // there, or the file read is unreadable, not a unigram model, not of the supported shape
+  // (above), or lacks the T5 ids pad=0, </s>=1, <unk>=2.
   static T5Tokenizer load(const std::string& dir);
 
   T5Tokenizer(T5Tokenizer&&) noexcept;
@@ -84,6 +93,14 @@ class T5Tokenizer {
   // The id of `token` (a piece or an added token), or -1.
   std::int64_t token_to_id(const std::string& token) const;
   const std::string& dir() const;
+  // The file the vocabulary was read from: dir()/tokenizer.json or dir()/spiece.model.
+  const std::string& source() const;
+
+  // Throws dlo::Error (input) naming source(), the first id at or beyond `encoder_vocab_size` (the
+  // text encoder's vocab_size, the rows of its embedding) and that size, when the vocabulary has
+  // such ids: a prompt reaching one would index past the embedding (transformers fails there at
+  // encoding). For the model folder's check before any job.
+  void check_fits_encoder(std::int64_t encoder_vocab_size) const;
 
   // Thread-safety: const methods may be called from several threads at once.
   struct Impl;
