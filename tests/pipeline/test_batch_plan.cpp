@@ -336,3 +336,21 @@ TEST_CASE("a --prompt job's values from dlo_defaults.json: named at the file, mo
   CHECK(dlo::test::error_of([&] { dlo::check_prompt_job(l, info, kVideoFormats, off); })
             .find("--guidance-2: 3 has no effect with guidance 1") == 0);
 }
+
+TEST_CASE("plan_batch: a model folder whose parts are broken is refused before the output folder exists (V2)") {
+  TempDir d;
+  dlo::test::write_config_only_model(d.file("model"));
+  dlo::test::write_file(d.file("b.yaml"), "model: model\noutput_dir: out\ndefaults: {height: 32, width: 32, frames: 5, steps: 2}\n"
+                                          "jobs:\n  - {id: a, prompt: x}\n");
+  dlo::BatchPlanOptions o;
+  o.manifest = "b.yaml";
+  o.formats = kVideoFormats;
+  o.dtypes = "bf16/fp32";
+  bool held = false;
+  o.hold_output_dir = [&](const std::string&) { held = true; };
+  o.check_model = [](const dlo::ModelInfo&) { throw dlo::Error("model/tokenizer/tokenizer.json: not JSON"); };
+  const std::string err = in_dir(d.path(), [&] { return dlo::test::error_of([&] { dlo::plan_batch(o); }); });
+  CHECK_MESSAGE(err.find("model: model/tokenizer/tokenizer.json: not JSON") != std::string::npos, err);
+  CHECK_FALSE(held);
+  CHECK_FALSE(fs::exists(d.path() / "out"));
+}

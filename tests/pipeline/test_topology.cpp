@@ -250,3 +250,8 @@ TEST_CASE("topology, auto without measured figures: every rank its own job, or o
   t = dlo::choose_topology(request(2), unmeasured(batch(4, {10, 10}, {false, false})));
   CHECK(t.group_size == 2);
 }
+
+TEST_CASE("topology, --sp larger than the ranks says so (not 'no topology fits')") {
+  CHECK_THROWS_WITH_AS(dlo::choose_topology(request(4), batch(2, {10}, {true})),
+                       "--sp 4 --cfg-parallel auto on 2 rank(s): 4 ranks along the sequence > 2 rank(s)", dlo::Error);
+}

@@ -13,6 +13,7 @@
 #include "dlo/dist/device.h"
 #include "dlo/models/weights.h"
 #include "dlo/mpi/mpi_world.h"
+#include "dlo/render/batch_work.h"
 
 namespace dlo {
 namespace {
@@ -138,6 +139,7 @@ BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, c
   o.dry_run = a.count("dry-run") > 0;
   o.dtypes = dtypes;
   o.check_output = [&](const JobSpec& j, const ModelInfo& m) { outputs.format(j.format).check(j, m); };
+  o.check_model = [](const ModelInfo& m) { check_model_parts(m); };
   o.recorded_fingerprint = [&](const JobSpec& j) {
     const OutputFormat& f = outputs.format(j.format);
     return f.recorded_fingerprint ? f.recorded_fingerprint(j.output) : std::string();

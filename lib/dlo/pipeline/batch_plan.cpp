@@ -236,6 +236,13 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
          if (o.check_output) o.check_output(j, model);
        }))
     problems.push_back(std::move(p));
+  if (o.check_model) {
+    try {
+      o.check_model(model);
+    } catch (const Error& e) {
+      problems.push_back({m.path, -1, "", "model", e.what()});
+    }
+  }
   BatchPlan p;
   p.model_dir = canonical_path(m.model);
   p.sp = m.sp;

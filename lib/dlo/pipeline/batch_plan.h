@@ -122,6 +122,9 @@ struct BatchPlanOptions {
   // exists, before results.jsonl, the latents file or any output in it is read: the app takes the
   // folder's lock here (FolderLock), and the latents file's, so a second batch on either is refused.
   std::function<void(const std::string& output_dir)> hold_output_dir;
+  // Checks the model folder's parts beyond their configs (checkpoint headers, the tokenizer); a
+  // failure is a problem of the plan, found before anything is written. Unset: not checked here.
+  std::function<void(const ModelInfo& model)> check_model;
   // --save-latents: the batch's latents file ("": none). It may not lie in the model folder (a
   // problem of the command line). Its entries, read by `read_latents` (the app's reader: an empty
   // index for a file that does not exist yet; throws dlo::Error for one it would not write) once

@@ -125,6 +125,8 @@ Topology choose_topology(const TopologyRequest& request, const TopologyLimits& l
     dp.reason = str("every rank its own job (", unmeasured, ": auto splits only a single job)");
     return dp;
   }
+  DLO_CHECK(request.sp <= l.ranks, flags(), " on ", l.ranks, " rank(s): ", request.sp, " ranks along the sequence > ",
+            l.ranks, " rank(s)");
   std::vector<Topology> candidates;
   std::string refused;
   for (int sp = 1; sp <= l.ranks; ++sp) {

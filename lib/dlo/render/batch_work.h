@@ -64,6 +64,12 @@ class BatchWork {
   virtual WorkFacts end() = 0;
 };
 
+// Every part of the model folder a run reads, checked without loading any block: the
+// transformer(s) (configs against tensors), the text encoder's and the VAE's checkpoint headers,
+// the tokenizer against the text encoder's vocabulary. What load() checks first, for a caller that
+// must refuse before it writes anything. Throws dlo::Error naming the part and the file.
+void check_model_parts(const ModelInfo& model);
+
 // The real work: the model folder's transformer(s) through the offload engine, its text encoder
 // and VAE. `world`, `model` and `options` must outlive it. `engine`: the engines' options beyond
 // those GenerateOptions sets (a test build's fault injection: EngineOptions::fail_at_block).

@@ -20,6 +20,13 @@
 namespace dlo {
 namespace {
 
+// The text encoder's and the VAE's checkpoint headers, the tokenizer against the encoder's vocabulary.
+void check_other_parts(const ModelInfo& model) {
+  Umt5Encoder::check_checkpoint(model.dir + "/text_encoder");
+  WanVae::check_checkpoint(model.dir + "/vae");
+  T5Tokenizer::load(model.dir + "/tokenizer").check_fits_encoder(model.text_encoder.vocab_size);
+}
+
 class ModelWork final : public BatchWork {
  public:
   ModelWork(const MpiWorld& world, const ModelInfo& model, const GenerateOptions& options, EngineOptions engine)
@@ -35,10 +42,8 @@ class ModelWork final : public BatchWork {
       experts_.back()->to_device(device_);
       runners_.push_back(std::make_unique<WanOffloadRunner>(*experts_.back(), world_.size()));
     }
-    // The other parts' checkpoints are checked now (headers only), not after a job's denoise.
-    Umt5Encoder::check_checkpoint(model_.dir + "/text_encoder");
-    WanVae::check_checkpoint(model_.dir + "/vae");
-    T5Tokenizer::load(model_.dir + "/tokenizer").check_fits_encoder(model_.text_encoder.vocab_size);
+    // The other parts are checked now (headers only), not after a job's denoise.
+    check_other_parts(model_);
     // The same block layout everywhere (every expert's).
     layout = 0;
     std::vector<StackSize> sizes;
@@ -140,6 +145,12 @@ class ModelWork final : public BatchWork {
 };
 
 }  // namespace
+
+void check_model_parts(const ModelInfo& model) {
+  for (const auto& dir : model.expert_dirs())
+    (void)WanTransformer::load(model.dir + "/" + dir, at::kFloat, /*load_blocks=*/false);
+  check_other_parts(model);
+}
 
 std::unique_ptr<BatchWork> make_model_work(const MpiWorld& world, const ModelInfo& model, const GenerateOptions& options,
                                            EngineOptions engine) {
