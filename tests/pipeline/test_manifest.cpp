@@ -712,3 +712,22 @@ TEST_CASE("the batch's topology keys: sp and cfg_parallel, checked with their li
   CHECK(one_problem(d, kHead + std::string("  - {prompt: a, sp: 2}\n")) ==
         "m.yaml:3:17: job 0 (id 'job-0000'): unknown key 'sp' (sp is a top-level key: one per manifest)");
 }
+
+TEST_CASE("odd output names are refused when the manifest is read (V14): blank, spaced, '-', no extension, the output folder") {
+  TempDir d;
+  const std::string h = kHead;
+  CHECK(one_problem(d, h + "  - {prompt: a, output: \"  \"}\n") == "m.yaml:3:17: job 0 (id 'job-0000'): output: is blank");
+  CHECK(one_problem(d, h + "  - {prompt: a, output: \"trail.mp4 \"}\n") ==
+        "m.yaml:3:17: job 0 (id 'job-0000'): output: begins or ends with a space");
+  CHECK(one_problem(d, h + "  - {prompt: a, output: \"-\"}\n") ==
+        "m.yaml:3:17: job 0 (id 'job-0000'): output: '-' is not a file (dlo writes no video to standard output)");
+  const std::string noext = one_problem(d, h + "  - {prompt: a, output: clip}\n");
+  CHECK_MESSAGE(noext.find("job 0 (id 'job-0000'): output: '") != std::string::npos, noext);
+  CHECK_MESSAGE(noext.find("clip' has no extension (a mp4 video: e.g. 'clip.mp4')") != std::string::npos, noext);
+  const std::string self = one_problem(d, "model: model\noutput_dir: out\njobs:\n  - {prompt: a, format: png, output: .}\n");
+  CHECK_MESSAGE(self.find("is the output folder itself (a png job writes a folder of its own") != std::string::npos, self);
+  // A PNG folder has no extension, and an MKV has its own: both fine.
+  TempDir e;
+  const Loaded ok = load(e, "m.yaml", h + "  - {prompt: a, format: png, output: frames}\n  - {prompt: b, format: ffv1, output: b.mkv}\n");
+  CHECK(ok.problems.empty());
+}

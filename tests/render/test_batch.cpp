@@ -6,6 +6,7 @@
 // steps it computed; rank 0 checks them all.
 #include "common/doctest_torch.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -231,7 +232,9 @@ TEST_CASE("a job that fails in a step fails alone; its rank goes on with the bat
 
 TEST_CASE("two experts, aligned: parked jobs resume on their own expert, each step on the expert its timestep asks") {
   const auto& m = model(true);
-  const auto jobs = jobs_of({6, 3, 7, 4, 5, 8, 3}, 1.0);
+  auto jobs = jobs_of({6, 3, 7, 4, 5, 8, 3}, 1.0);
+  jobs[2].spec.boundary_ratio = 0.5;  // a job's own boundary over the folder's 0.9
+  jobs[5].spec.boundary_ratio = 0.5;
   dlo::GenerateOptions o;
   o.await_prepared = true;  // the same passes every run
   const Batch b = run_batch(m, jobs, o);
@@ -306,4 +309,26 @@ TEST_CASE("one rank: an I/O error at a pass boundary ends the batch with that er
     CHECK(std::string(e.what()) == "pass 3: disk full");
     CHECK((e.kind() == dlo::ErrorKind::kIo));
   }
+}
+
+TEST_CASE("two experts: a job without guidance_2 guides the low-noise expert with its guidance, as WanPipeline does") {
+  // WanPipeline.__call__: "if guidance_scale_2 is None: guidance_scale_2 = guidance_scale".
+  const auto& m = model(true);
+  auto jobs = jobs_of({8}, 4.0);
+  dlo::JobRun run(jobs[0], m, 0);
+  dlo::prepare_schedule(run, m);
+  run.latents = fake_start(1);
+  std::vector<double> seen;
+  while (run.steps_left() > 0) {
+    seen.push_back(run.expert() == 0 ? -run.guidance_now() : run.guidance_now());  // negative: the high-noise expert
+    run.latents = run.scheduler->step(fake_noise(0), run.latents);
+    ++run.steps_done;
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 4.0) > 0);   // low-noise steps, guided with 4
+  CHECK(std::count(seen.begin(), seen.end(), -4.0) > 0);  // high-noise steps, guided with 4
+  CHECK(std::count(seen.begin(), seen.end(), 4.0) + std::count(seen.begin(), seen.end(), -4.0) == 8);
+  jobs[0].spec.guidance_2 = 2.5;
+  dlo::JobRun own(jobs[0], m, 0);
+  dlo::prepare_schedule(own, m);
+  CHECK(own.guidance_2 == 2.5);
 }

@@ -318,8 +318,15 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
     const ManifestFieldSource& os = src["output"];
     const std::string key = path_key(job.output);
     const std::string real = canonical_path(job.output);
+    const bool folder = is_folder_format(formats, job.format);
     if (key == results)
       problems.add(ji, "output", str("'", job.output, "' is the batch's results file"), os.line, os.column);
+    else if (folder && key == path_key(m.output_dir))
+      problems.add(ji, "output", str("'", job.output, "' is the output folder itself (a ", job.format,
+                                     " job writes a folder of its own: name one inside it)"), os.line, os.column);
+    else if (!folder && fmt && fs::path(job.output).extension().empty())
+      problems.add(ji, "output", str("'", job.output, "' has no extension (a ", job.format, " video: e.g. '",
+                                     fs::path(job.output).filename().string(), fmt->extension, "')"), os.line, os.column);
     else if (real == manifest_file)
       problems.add(ji, "output", str("'", job.output, "' is this manifest"), os.line, os.column);
     else if (!model_folder.empty() && (real + "/").rfind(model_folder, 0) == 0)
