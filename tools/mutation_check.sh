@@ -85,6 +85,9 @@ MUTANTS=$(cat <<'EOF'
 48|lib/dlo/render/generate.cpp|the topology agreement compares nothing (ranks that disagree go on into the groups' collectives)|"std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n))"|"true"
 49|lib/dlo/dist/collective_mpi.cpp|two-level gathers: the shards gathered across nodes put at the node's first rank's places (every rank with local index > 0 gets wrong bytes; nodes label)|"across_places_.push_back(n * k + rank_ % k);"|"across_places_.push_back(n * k);"
 50|lib/dlo/dist/collective_mpi.cpp|two-level gathers never used across nodes (the flat gather sends each shard once per rank of a node; nodes label)|"    nodes_ = count;\n"|"    return;\n"
+80|lib/dlo/models/wan_transformer.cpp|sequence parallelism: a share's cross-attention on its own queries (SDPA's query blocks follow the share: SP 3 on 105 tokens rounds differently from one rank)|"const bool whole = s.is_share();"|"const bool whole = false;"
+81|lib/dlo/models/wan_transformer.cpp|sequence parallelism: a share's GELU on its own rows (ATen's scalar remainder falls elsewhere than in one rank's tensor)|"if (!s.is_share() \x7c\x7c !x.is_cpu()) return at::gelu(x, \"tanh\");"|"return at::gelu(x, \"tanh\");"
+82|lib/dlo/pipeline/topology.h|topology: no floor on a rank's share of a job's tokens (shares of a few rows take another GEMM path)|"kMinShareTokens = 16;"|"kMinShareTokens = 1;"
 EOF
 )
 
