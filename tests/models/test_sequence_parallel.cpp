@@ -9,11 +9,14 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <chrono>
+#include <random>
 
 #include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "dlo/common/partition.h"
 #include "dlo/models/wan_transformer.h"
+#include "dlo/pipeline/topology.h"
 #include "dlo/testing/make_model.h"
 
 using namespace dlo;
@@ -163,4 +166,70 @@ TEST_CASE("Ulysses in one process: SP 2, 3 and 4 with uneven tokens (63) and hea
     CHECK_FALSE(at::allclose(ulysses_forward(m, x, t, ctx, 3, Bug::kLocalRope), one, 1e-3, 1e-3));
     CHECK_FALSE(at::allclose(ulysses_forward(m, x, t, ctx, 3, Bug::kHeadsReversed), one, 1e-3, 1e-3));
   }
+}
+
+// The README's promise (issue 46): a job's result never depends on the topology. Found broken on a
+// shape no test used (6 heads, 105 tokens, fp32, SP 3: shares of 35 = SDPA query blocks of 32 + 3
+// in the cross-attention), so: many random small shapes (heads, head width, FFN width, tokens,
+// text length, layers, dtype, threads), each forward at every SP degree (2-4 ranks) the planner
+// accepts for the job, equal to one rank's byte for byte; the degrees it refuses are counted, and
+// must be the exceptions.
+TEST_CASE("randomized: every SP degree the topology accepts gives one rank's output, byte for byte") {
+  std::mt19937 rng(46);
+  const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  int shapes = 0, compared = 0, refused = 0;
+  for (; shapes < 60; ++shapes) {
+    auto c = WanTransformerConfig::preset("wan-test");
+    c.num_attention_heads = pick(2, 8);
+    c.attention_head_dim = std::vector<std::int64_t>{6, 8, 12}[pick(0, 2)];
+    c.ffn_dim = pick(8, 100);
+    c.num_layers = pick(1, 2);
+    const auto dt = pick(0, 1) ? at::kFloat : at::kBFloat16;
+    const int threads = pick(1, 2);
+    const std::int64_t frames = pick(1, 4), height = pick(3, 10), width = pick(3, 10), text = pick(1, 12);
+    const std::int64_t tokens = frames * height * width;
+    CAPTURE(shapes);
+    CAPTURE(c.num_attention_heads);
+    CAPTURE(c.attention_head_dim);
+    CAPTURE(c.ffn_dim);
+    CAPTURE(c.num_layers);
+    CAPTURE(c10::toString(dt));
+    CAPTURE(threads);
+    CAPTURE(tokens);
+    at::set_num_threads(threads);
+    const std::string path = dir.file("m" + std::to_string(shapes));
+    write_random_wan_transformer(path, c, dt == at::kFloat ? DType::F32 : DType::BF16, 100 + shapes, 0);
+    const auto m = WanTransformer::load(path, dt);
+    at::manual_seed(shapes);
+    const at::Tensor x = at::randn({1, 4, frames, 2 * height, 2 * width}), ctx = at::randn({1, text, 16});
+    const at::Tensor t = at::tensor({pick(0, 999)}, at::kLong);
+    const at::Tensor one = m.forward(x, t, ctx);
+    for (int P = 2; P <= 4; ++P) {
+      CAPTURE(P);
+      TopologyRequest request;
+      request.sp = P;
+      request.cfg = TopologyRequest::Cfg::kOff;
+      TopologyLimits limits;
+      limits.ranks = P;
+      limits.heads = static_cast<int>(c.num_attention_heads);
+      limits.steps = {1};
+      limits.guided = {false};
+      limits.tokens = {tokens};
+      try {
+        (void)choose_topology(request, limits);
+      } catch (const Error&) {
+        ++refused;
+        continue;
+      }
+      ++compared;
+      CHECK(at::equal(ulysses_forward(m, x, t, ctx, P), one));
+    }
+  }
+  at::set_num_threads(1);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE(shapes, " shapes, ", compared, " SP forwards compared with one rank's, ", refused, " degrees refused, ", seconds,
+          " s");
+  CHECK(compared > refused);
 }

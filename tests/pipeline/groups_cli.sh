@@ -262,6 +262,7 @@ echo "ok: SIGTERM to a CFG pair stopped it cleanly (exit 143, $n_ok job(s) kept)
 
 # 7. SIGKILL of a group's member mid-batch ends every rank.
 manifest "$T/long.yaml" m j 3 80
+sed -i 's/height: 32, width: 48/height: 64, width: 64/' "$T/long.yaml"  # 32 tokens: SP 2 holds 16 a rank (the floor)
 mpirun -np 2 "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/long.yaml" --output-dir "$T/kill" --sp 2 --cfg-parallel off &
 pid=$!
 wait_for_results "$T/kill/results.jsonl" 1

@@ -113,13 +113,25 @@ TEST_CASE("topology, explicit requests") {
   // --sp 3 on 4 ranks: does not divide.
   CHECK_THROWS_WITH_AS(dlo::choose_topology(request(3, Cfg::kOff), batch(4, {10}, {true})),
                        "--sp 3 --cfg-parallel off on 4 rank(s): groups of 3 rank(s) do not divide 4 rank(s)", dlo::Error);
-  // More ranks along the sequence than heads, or than a job's tokens.
+  // More ranks along the sequence than heads, or a job's shares under 16 tokens (the second job
+  // here: 63 tokens over 4 ranks, 15-16 each; 64 would do).
   CHECK_THROWS_WITH_AS(dlo::choose_topology(request(4, Cfg::kOff), batch(4, {10}, {true}, 2)),
                        "--sp 4 --cfg-parallel off on 4 rank(s): 4 ranks along the sequence exceed the model's 2 attention heads",
                        dlo::Error);
-  CHECK_THROWS_WITH_AS(dlo::choose_topology(request(4, Cfg::kOff), batch(4, {10}, {true}, 12, 3)),
-                       "--sp 4 --cfg-parallel off on 4 rank(s): 4 ranks along the sequence exceed job 0's 3 tokens",
+  TopologyLimits l = batch(4, {10, 10}, {true, true}, 12);
+  l.tokens = {64, 63};
+  CHECK_THROWS_WITH_AS(dlo::choose_topology(request(4, Cfg::kOff), l),
+                       "--sp 4 --cfg-parallel off on 4 rank(s): job 1's 63 tokens give 4 ranks along the sequence fewer "
+                       "than 16 each (shares that small can round differently from one rank)",
                        dlo::Error);
+  l.tokens = {64, 64};
+  CHECK(dlo::choose_topology(request(4, Cfg::kOff), l).group_size == 4);
+  // Auto never splits a job below the floor: one 31-token job on 2 ranks stays on one rank, whose
+  // guided branches may still pair up (CFG moves no tokens).
+  t = dlo::choose_topology(request(0), batch(2, {10}, {false}, 12, 31));
+  CHECK(t.group_size == 1);
+  t = dlo::choose_topology(request(0), batch(2, {10}, {true}, 12, 31));
+  CHECK(t.label(true) == "cfg 2");
   // Auto stays within the limits: two heads on 4 ranks, one guided job: CFG pairs x SP 2.
   t = dlo::choose_topology(request(0), batch(4, {10}, {true}, 2));
   CHECK(t.group_size == 4);

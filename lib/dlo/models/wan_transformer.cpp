@@ -74,11 +74,36 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return out;
 }
 
-// Cross-attention of x's tokens on the text context (no RoPE): q from x, k and v from ctx.
-at::Tensor cross_attention(const at::Tensor& x, const at::Tensor& ctx, const at::Tensor& q_w, const at::Tensor& q_b,
+// A share's rows x [B, L_s, ...] at their places in a zero tensor of every token of s's whole
+// [B, L, ...] (the sequence-parallel seam in the header: kernels that round a row by its tensor's
+// size); rows_of() takes them back.
+at::Tensor as_whole(const at::Tensor& x, const WanForwardState& s) {
+  std::vector<std::int64_t> shape = x.sizes().vec();
+  shape[1] = s.tokens();
+  at::Tensor whole = at::zeros(shape, x.options());
+  whole.narrow(1, s.first_row, x.size(1)).copy_(x);
+  return whole;
+}
+at::Tensor rows_of(const at::Tensor& whole, const WanForwardState& s) {
+  return whole.narrow(1, s.first_row, s.h.size(1));
+}
+
+// GELU (tanh) of the FFN's hidden rows, rounded as one rank rounds them (a share: on the whole).
+// CUDA's elementwise kernels run one code per element, so only the CPU needs the whole.
+at::Tensor ffn_gelu(const at::Tensor& x, const WanForwardState& s) {
+  if (!s.is_share() || !x.is_cpu()) return at::gelu(x, "tanh");
+  at::Tensor whole = as_whole(x, s);
+  return rows_of(at::gelu_(whole, "tanh"), s);
+}
+
+// Cross-attention of x's tokens on the text context (no RoPE): q from x, k and v from ctx. A
+// share's queries attend at their places among every token's (the others zero: SDPA's query
+// blocks as one rank's).
+at::Tensor cross_attention(const at::Tensor& x, const WanForwardState& s, const at::Tensor& q_w, const at::Tensor& q_b,
                            const at::Tensor& k_w, const at::Tensor& k_b, const at::Tensor& v_w, const at::Tensor& v_b,
                            const at::Tensor& o_w, const at::Tensor& o_b, const at::Tensor& nq, const at::Tensor& nk,
                            const WanTransformerConfig& c) {
+  const at::Tensor& ctx = s.context;
   const auto D = c.dim();
   at::Tensor q = linear(x, q_w, q_b);
   at::Tensor k = linear(ctx, k_w, k_b);
@@ -89,10 +114,13 @@ at::Tensor cross_attention(const at::Tensor& x, const at::Tensor& ctx, const at:
   q = q.unflatten(2, {c.num_attention_heads, -1});
   k = k.unflatten(2, {c.num_attention_heads, -1});
   v = v.unflatten(2, {c.num_attention_heads, -1});
+  const bool whole = s.is_share();
+  if (whole) q = as_whole(q, s);
   at::Tensor o = at::scaled_dot_product_attention(q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}),
                                                   v.permute({0, 2, 1, 3}));
-  o = o.permute({0, 2, 1, 3}).flatten(2, 3).to(q.scalar_type());
-  return linear(o, o_w, o_b);
+  o = o.permute({0, 2, 1, 3});
+  if (whole) o = rows_of(o, s);
+  return linear(o.flatten(2, 3).to(q.scalar_type()), o_w, o_b);
 }
 
 // diffusers' get_timestep_embedding(flip_sin_to_cos=True, downscale_freq_shift=0, scale=1), fp32.
@@ -165,13 +193,13 @@ at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, 
 
   // 2. Cross-attention on the text context, plain residual in the compute dtype.
   at::Tensor n = c.cross_attn_norm ? fp32_layer_norm(h.to(at::kFloat), w.norm2_w, w.norm2_b, c.eps).to(dt) : h;
-  a = cross_attention(n, s.context, w.q2_w, w.q2_b, w.k2_w, w.k2_b, w.v2_w, w.v2_b, w.o2_w, w.o2_b, w.norm_q2,
+  a = cross_attention(n, s, w.q2_w, w.q2_b, w.k2_w, w.k2_b, w.v2_w, w.v2_b, w.o2_w, w.o2_b, w.norm_q2,
                       w.norm_k2, c);
   h = h + a;
 
   // 3. Feed-forward (GELU tanh), gated residual in fp32.
   n = (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + c_scale) + c_shift).to(dt);
-  at::Tensor f = linear(at::gelu(linear(n, w.ffn0_w, w.ffn0_b), "tanh"), w.ffn2_w, w.ffn2_b);
+  at::Tensor f = linear(ffn_gelu(linear(n, w.ffn0_w, w.ffn0_b), s), w.ffn2_w, w.ffn2_b);
   return (h.to(at::kFloat) + f.to(at::kFloat) * c_gate).to(dt);
 }
 
@@ -185,6 +213,7 @@ WanForwardState wan_state_rows(const WanForwardState& s, std::int64_t offset, st
   DLO_ASSERT(offset >= 0 && length > 0 && offset + length <= s.h.size(1), "rows [", offset, ", ", offset + length,
              ") of ", s.h.size(1));
   WanForwardState r = s;
+  r.first_row = s.first_row + offset;
   r.h = s.h.narrow(1, offset, length);
   r.rope_cos = s.rope_cos.narrow(1, offset, length);
   r.rope_sin = s.rope_sin.narrow(1, offset, length);

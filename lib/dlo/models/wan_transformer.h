@@ -57,6 +57,11 @@ struct WanForwardState {
   at::Tensor context;  // [B, S, D] projected text
   at::Tensor rope_cos, rope_sin;  // [1, L, 1, head_dim] fp32
   std::int64_t batch = 0, frames = 0, height = 0, width = 0;  // post-patch grid
+  // The rows of h are the whole's tokens [first_row, first_row + L) of frames * height * width
+  // (a sequence-parallel share: wan_state_rows).
+  std::int64_t first_row = 0;
+  std::int64_t tokens() const { return frames * height * width; }
+  bool is_share() const { return h.size(1) != tokens(); }
 };
 
 // One transformer block, in place of diffusers' WanTransformerBlock.forward. Returns the new
@@ -76,9 +81,17 @@ at::Tensor wan_block_forward(const WanBlockWeights& w, const WanForwardState& s,
 //      joins the groups' parts with at::cat(..., 2);
 //   4. wan_block_finish on its rows: o-proj, gated residual, cross-attention on the whole text,
 //      FFN.
-// wan_block_forward is exactly 1, 3 and 4 with P = 1, so a group's result is the one-rank result
-// wherever this build's kernels give the same rows on row subsets and the same heads on head
-// subsets (tests/models/test_sequence_parallel.cpp: the probe).
+// wan_block_forward is exactly 1, 3 and 4 with P = 1. Two of the block's CPU kernels round a row
+// by the size of the tensor it is in, not by the row alone: SDPA splits the queries into blocks
+// whose size follows the query count (blocks of <= 3 rows take another GEMM path), and ATen's
+// elementwise loops (GELU) compute each thread's chunk of the flattened tensor in SIMD blocks and
+// its remainder in scalar code (another tanh). So on a share (WanForwardState::is_share) step 4
+// computes the cross-attention and the FFN's GELU on a tensor of every token (the share's rows at
+// their places, the others zero) and keeps its rows: the same tensors as one rank's, whatever the
+// share, at the price of the whole's cross-attention and GELU on every rank. Then a group's result
+// is the one-rank result wherever the GEMMs give the same rows on row subsets (fp32 MKL: shares of
+// >= 12 rows; pipeline/topology.h's kMinShareTokens) and SDPA the same heads on head subsets
+// (tests/models/test_sequence_parallel.cpp: the probe and the randomized identity test).
 struct WanBlockModulation {
   at::Tensor shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate;  // fp32, [B, 1, D] or [B, L, D]
 };
@@ -97,8 +110,8 @@ at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, 
                             const at::Tensor& h, const at::Tensor& attn, const WanTransformerConfig& c);
 
 // The rows [offset, offset + length) of a forward state: hidden tokens, RoPE rows at their global
-// positions, per-token temb/tproj rows (per-sample ones are shared); context and the grid are the
-// full ones (end() needs every row: gather first). Views, no copies.
+// positions, per-token temb/tproj rows (per-sample ones are shared), first_row; context and the
+// grid are the full ones (end() needs every row: gather first). Views, no copies.
 WanForwardState wan_state_rows(const WanForwardState& s, std::int64_t offset, std::int64_t length);
 
 // The parts of x along `dim`, one per part of `p` (views): Ulysses' send buffers.

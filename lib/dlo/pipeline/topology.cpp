@@ -23,7 +23,9 @@ std::string violation(const Topology& t, const TopologyLimits& l) {
   for (std::size_t j = 0; j < l.steps.size(); ++j) {
     const int sp = t.sp_of(l.guided[j]);
     if (sp > l.heads) return str(sp, " ranks along the sequence exceed the model's ", l.heads, " attention heads");
-    if (sp > l.tokens[j]) return str(sp, " ranks along the sequence exceed job ", j, "'s ", l.tokens[j], " tokens");
+    if (sp > 1 && l.tokens[j] < sp * kMinShareTokens)
+      return str("job ", j, "'s ", l.tokens[j], " tokens give ", sp, " ranks along the sequence fewer than ",
+                 kMinShareTokens, " each (shares that small can round differently from one rank)");
   }
   return {};
 }

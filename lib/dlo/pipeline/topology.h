@@ -85,6 +85,14 @@ struct Topology {
   std::string label(bool guided) const;
 };
 
+// The smallest share of a job's tokens a rank along the sequence may hold: below it, a GEMM of
+// that few rows can take another kernel path than one rank's GEMM of every row and round
+// differently (fp32 MKL on this CPU: shares of <= 3 rows at 1 thread, <= 11 at 2 or 8 threads;
+// models/wan_transformer.h computes the ops that round by the whole tensor as the whole). Jobs
+// whose shares would be smaller are never split by auto, and an explicit request is refused
+// naming the job: the topology never changes a job's frames.
+inline constexpr std::int64_t kMinShareTokens = 16;
+
 // The speedup the cost model gives a job on `sp` ranks per branch, `cfg` on two branches' ranks.
 double predicted_speedup(int sp, bool cfg, const TopologyCosts& costs = {});
 
@@ -93,9 +101,9 @@ double predicted_speedup(int sp, bool cfg, const TopologyCosts& costs = {});
 inline constexpr double kTailGain = 0.05;
 
 // The topology for the batch. An explicit request that cannot hold (P not dividing the ranks,
-// more ranks along the sequence than heads or than a job's tokens, groups on a device without
-// the exchange) is a dlo::Error (kind input) naming the flag; auto only considers topologies that
-// hold.
+// more ranks along the sequence than heads, a job's tokens giving a rank along the sequence fewer
+// than kMinShareTokens, groups on a device without the exchange) is a dlo::Error (kind input)
+// naming the flag (and the job); auto only considers topologies that hold.
 Topology choose_topology(const TopologyRequest& request, const TopologyLimits& limits);
 
 // One phase of a batch: the runnable jobs [first, first + count), in order, on one topology.
