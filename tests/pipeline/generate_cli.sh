@@ -40,6 +40,8 @@ check() {  # check 'expected message' args...
   echo "ok: $* -> $want"
 }
 check "--height: 500 is not a multiple of 16" --height 500
+check "--out: is blank" --out "  "
+check "--out: '-' is not a file" --out -
 check "--width: must be positive, got 0" --width 0
 check "--frames: 80 is not of the form 4k+1" --frames 80
 check "--steps: must be >= 1, got 0" --steps 0

@@ -236,12 +236,13 @@ TEST_CASE("topology, auto without measured figures: every rank its own job, or o
     l.costs = dlo::topology_costs("cuda");
     return l;
   };
-  // A short batch (3 jobs on 4 ranks), which the CPU's figures split into groups: every rank its own.
-  dlo::TopologyPlan p = dlo::plan_topology(request(0), unmeasured(batch(4, {10, 10, 10}, {true, true, true})));
+  // A short batch (2 guided jobs on 4 ranks), which the CPU's figures put on CFG pairs (10 / 1.84
+  // = 5.4 against 10 steps): every rank its own job.
+  dlo::TopologyPlan p = dlo::plan_topology(request(0), unmeasured(batch(4, {10, 10}, {true, true})));
   REQUIRE(p.phases.size() == 1);
   CHECK(p.phases[0].topology.group_size == 1);
   CHECK(p.reason.find("no topology cost figures for cuda yet") != std::string::npos);
-  CHECK(dlo::plan_topology(request(0), batch(4, {10, 10, 10}, {true, true, true})).phases[0].topology.group_size > 1);
+  CHECK(dlo::plan_topology(request(0), batch(4, {10, 10}, {true, true})).phases[0].topology.group_size == 2);
   // A single guided job: one group of all four, the CFG pair (x SP 2); unguided: SP 4.
   Topology t = dlo::choose_topology(request(0), unmeasured(batch(4, {10}, {true})));
   CHECK(t.group_size == 4);

@@ -101,6 +101,10 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& 
   JobSpec job = prompt_job(flags, outputs.names(), std::random_device{}() & 0xffffffffu,
                                      read_model_job_defaults(p.model_dir));
   check_prompt_job(job, model, outputs.names(), flags);
+  if (a.count("out")) {
+    const std::string why = output_name_problem(job.output);
+    DLO_CHECK(why.empty(), "--out: ", why);
+  }
   for (const std::string* out : {&job.output, &job.save_latents})
     DLO_CHECK(out->empty() || (canonical_path(*out) + "/").rfind(p.model_dir + "/", 0) != 0, "--",
               out == &job.output ? "out" : "save-latents", ": '", *out, "' is inside the model folder '", p.model_dir, "'");

@@ -62,17 +62,6 @@ std::string text_problem(const std::string& s) {
   return "";
 }
 
-// What is wrong with an output's name ("": nothing): empty, blank, spaces at either end (a name
-// that differs from what the user sees), or "-" (no output goes to standard output).
-std::string output_name_problem(const std::string& s) {
-  if (s.empty()) return "is empty";
-  if (s.find_first_not_of(" \t") == std::string::npos) return "is blank";
-  if (std::isspace(static_cast<unsigned char>(s.front())) || std::isspace(static_cast<unsigned char>(s.back())))
-    return "begins or ends with a space";
-  if (s == "-") return "'-' is not a file (dlo writes no video to standard output)";
-  return text_problem(s);
-}
-
 std::vector<JobField> make_table() {
   constexpr unsigned kAll = kFromJob | kFromDefaults | kFromBatchFlag | kFromPromptFlag;
   constexpr unsigned kAllModel = kAll | kFromModel;  // also a model folder's recommendation
@@ -232,7 +221,7 @@ std::vector<JobField> make_table() {
     add({"output", "out", JobFieldType::kText, JobFieldEffect::kVideo, kFromJob | kFromPromptFlag, false,
          "the video file, or the folder of a png job", "`<id>.mp4` (mp4), `<id>.mkv` (ffv1), a folder `<id>` (png)",
          "unique; its folder can be created", {}, false, get, set,
-         text_check([](const std::string& s) -> std::string { return output_name_problem(s); }), {}});
+         text_check([](const std::string& s) -> std::string { return s.empty() ? "is empty" : text_problem(s); }), {}});
   }
   {
     auto [get, set] = text(&JobSpec::save_latents);
@@ -248,6 +237,15 @@ ojson to_json_value(const JobFieldValue& v) {
 }
 
 }  // namespace
+
+std::string output_name_problem(const std::string& s) {
+  if (s.empty()) return "is empty";
+  if (s.find_first_not_of(" \t") == std::string::npos) return "is blank";
+  if (std::isspace(static_cast<unsigned char>(s.front())) || std::isspace(static_cast<unsigned char>(s.back())))
+    return "begins or ends with a space";
+  if (s == "-") return "'-' is not a file (dlo writes no video to standard output)";
+  return text_problem(s);
+}
 
 const char* dlo_version() { return kDloVersion; }
 

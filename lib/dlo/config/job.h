@@ -154,6 +154,10 @@ struct FieldError {
 // ...}}, keys of the fields the table allows from the model (kFromModel). Diffusers ignores it.
 inline constexpr const char* kModelDefaultsFile = "dlo_defaults.json";
 
+// What is wrong with an output's name as given ("": nothing): empty, blank, a space at either end
+// (a name other than the one the user sees), or "-" (dlo writes no video to standard output).
+std::string output_name_problem(const std::string& name);
+
 // `dir`'s dlo_defaults.json as job values (of each field's type, checked as parse_job_field
 // does); none when the folder has no such file. Every value of a manifest, a flag or a job wins
 // over these. Throws dlo::Error (input) naming the file and each bad key, one per line

@@ -307,6 +307,7 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
     job.id = ids[i];
     if (!src.count("seed")) job.seed = default_seed_for_id(job.id);
     const OutputFormatName* fmt = find_format(formats, job.format);
+    const std::string name_problem = src.count("output") ? output_name_problem(job.output) : std::string();
     job.output = resolve(m.output_dir, src.count("output") ? job.output : job.id + (fmt ? fmt->extension : ""));
     if (!src.count("output")) {
       ManifestFieldSource s;  // made from the id: reported at the job's entry
@@ -319,7 +320,9 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
     const std::string key = path_key(job.output);
     const std::string real = canonical_path(job.output);
     const bool folder = is_folder_format(formats, job.format);
-    if (key == results)
+    if (!name_problem.empty())
+      problems.add(ji, "output", name_problem, os.line, os.column);
+    else if (key == results)
       problems.add(ji, "output", str("'", job.output, "' is the batch's results file"), os.line, os.column);
     else if (folder && key == path_key(m.output_dir))
       problems.add(ji, "output", str("'", job.output, "' is the output folder itself (a ", job.format,
