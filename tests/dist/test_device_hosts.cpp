@@ -1,5 +1,5 @@
 // The device checks are per host (label mpi; also run on two simulated nodes by
-// tests/pipeline/two_nodes_cli.sh): ranks on one host that name the same CUDA device share it and
+// tests/dlo-generate/two_nodes_cli.sh): ranks on one host that name the same CUDA device share it and
 // are refused, naming each other; ranks on different hosts never share, whatever the index. No GPU
 // is needed: the checks compare "<host>/<device>" ids (a PCI bus id where a driver answers,
 // "cuda:N" where none does) and only refuse.

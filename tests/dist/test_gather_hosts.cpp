@@ -1,5 +1,5 @@
 // The MPI weight gather across hosts (label mpi; also run on two simulated nodes by
-// tests/pipeline/two_nodes_cli.sh, node by node and alternating): every rank ends with every
+// tests/dlo-generate/two_nodes_cli.sh, node by node and alternating): every rank ends with every
 // rank's shard at its place, byte for byte, whatever the shard size; ranks placed node by node
 // with as many on each use the two-level gather (across the nodes, then within each), any other
 // placement and one host the flat one; messages capped small, every shard goes in chunks. The

@@ -51,6 +51,16 @@ static_assert(sizeof(hid_t) == sizeof(std::int64_t), "hid_t is stored as int64_t
 namespace dlo {
 namespace {
 
+// An existing latents file must be a regular HDF5 file: anything else is refused, never replaced.
+void check_hdf5_signature(const std::string& resolved) {
+  check_regular_file(resolved);
+  std::ifstream in(resolved, std::ios::binary);
+  char sig[8] = {};
+  in.read(sig, 8);
+  DLO_CHECK(in && std::memcmp(sig, "\211HDF\r\n\032\n", 8) == 0,
+            "exists and is not an HDF5 file; refusing to replace it: choose another file or remove it");
+}
+
 constexpr const char* kFlags = "_complete";
 constexpr const char* kFingerprint = "fingerprint";
 constexpr const char* kVersionAttr = "dlo_latents_version";
@@ -437,12 +447,7 @@ LatentsFile::LatentsFile(const MpiWorld& world, const std::string& path, const s
         const std::string resolved = resolve_output_path(path);
         struct stat st {};
         if (::stat(resolved.c_str(), &st) == 0) {
-          check_regular_file(resolved);
-          std::ifstream in(resolved, std::ios::binary);
-          char sig[8] = {};
-          in.read(sig, 8);
-          DLO_CHECK(in && std::memcmp(sig, "\211HDF\r\n\032\n", 8) == 0,
-                    "exists and is not an HDF5 file; refusing to replace it: choose another file or remove it");
+          check_hdf5_signature(resolved);
           existing = 1;
           target = resolved;
         } else {
@@ -644,12 +649,7 @@ std::map<std::string, SavedLatentsEntry> read_latents_entries(const std::string&
     const std::string resolved = resolve_output_path(path);
     struct stat st {};
     if (::stat(resolved.c_str(), &st) != 0) return;  // none yet
-    check_regular_file(resolved);
-    std::ifstream in(resolved, std::ios::binary);
-    char sig[8] = {};
-    in.read(sig, 8);
-    DLO_CHECK(in && std::memcmp(sig, "\211HDF\r\n\032\n", 8) == 0,
-              "exists and is not an HDF5 file; refusing to replace it: choose another file or remove it");
+    check_hdf5_signature(resolved);
     Id file(H5Fopen(resolved.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     DLO_CHECK(file.ok(), "cannot open it: ", hdf5_error());
     check_ours(file.get());

@@ -327,7 +327,7 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
     else if (folder && key == path_key(m.output_dir))
       problems.add(ji, "output", str("'", job.output, "' is the output folder itself (a ", job.format,
                                      " job writes a folder of its own: name one inside it)"), os.line, os.column);
-    else if (!folder && fmt && fs::path(job.output).extension().empty())
+    else if (!folder && fmt && job.output.back() != '/' && fs::path(job.output).extension().empty())
       problems.add(ji, "output", str("'", job.output, "' has no extension (a ", job.format, " video: e.g. '",
                                      fs::path(job.output).filename().string(), fmt->extension, "')"), os.line, os.column);
     else if (real == manifest_file)

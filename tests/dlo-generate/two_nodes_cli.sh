@@ -34,7 +34,7 @@ nodes_start 2
 "$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null
 cat >"$T/jobs.yaml" <<EOF
 model: m
-defaults: {frames: 5, height: 32, width: 48, steps: 2, guidance: 4}
+defaults: {frames: 5, height: 64, width: 64, steps: 2, guidance: 4}
 jobs:
   - {id: j0, prompt: "a red fox", seed: 1}
   - {id: j1, prompt: "an owl", seed: 2}

@@ -66,7 +66,7 @@ echo "ok: a FIFO lock at 2 ranks: exit 2, named, no rank waited for"
 
 # ---- 2. two batches on one latents file
 batch "$T/b.yaml" b "an owl"
-"${GEN[@]}" --jobs "$T/a.yaml" --output-dir "$T/A" --save-latents "$T/lat.h5" --slow-decode-ms 3000 >"$T/A.log" 2>&1 &
+"$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/a.yaml" --output-dir "$T/A" --save-latents "$T/lat.h5" --slow-decode-ms 3000 >"$T/A.log" 2>&1 &
 apid=$!
 for _ in $(seq 300); do [ -e "$T/lat.h5.lock" ] && break; sleep 0.1; done
 [ -e "$T/lat.h5.lock" ] || fail "batch A took no lock beside its latents file: $(cat "$T/A.log")"
@@ -82,7 +82,7 @@ echo "ok: a second batch on a latents file in use is refused (exit 2, named); th
 # Both locks go when a second signal ends the batch at once (1 rank: _Exit; 2 ranks: MPI_Abort).
 for np in 1 2; do
   rm -rf "$T/S" "$T/lat2.h5"
-  mpirun -np $np "${GEN[@]}" --jobs "$T/a.yaml" --output-dir "$T/S" --save-latents "$T/lat2.h5" --slow-decode-ms 5000 \
+  mpirun -np $np "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/a.yaml" --output-dir "$T/S" --save-latents "$T/lat2.h5" --slow-decode-ms 5000 \
     >"$T/S.log" 2>&1 &
   spid=$!
   ranks() { pgrep -f "^$BIN/dlo-generate .*--output-dir $T/S " || true; }
@@ -151,7 +151,7 @@ fi
 
 # ---- 5. a holder in another PID namespace of this host
 if unshare --pid --fork --kill-child true 2>/dev/null; then
-  unshare --pid --fork --kill-child "${GEN[@]}" --jobs "$T/a.yaml" --output-dir "$T/NS" --slow-decode-ms 3000 \
+  unshare --pid --fork --kill-child "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/a.yaml" --output-dir "$T/NS" --slow-decode-ms 3000 \
     >"$T/NS.log" 2>&1 &
   nspid=$!
   for _ in $(seq 300); do grep -qs '^pid_ns ' "$T/NS/.dlo-generate.lock" && break; sleep 0.1; done
