@@ -265,7 +265,7 @@ for np in 1 2; do
   if [ "$np" = 1 ]; then "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/r12.yaml" --slow-decode-ms 5000 >"$T/r12.log" 2>&1 &
   else mpirun -np 2 "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/r12.yaml" --slow-decode-ms 5000 >"$T/r12.log" 2>&1 & fi
   L=$!
-  ranks() { pgrep -f "^$BIN/dlo-generate .*--jobs $T/r12.yaml" || true; }
+  ranks() { pgrep -f "^$BIN/dlo-generate-testhooks .*--jobs $T/r12.yaml" || true; }
   for _ in $(seq 300); do [ -s "$T/out12/$LOCK" ] && [ "$(ranks | wc -l)" -ge "$np" ] && break; sleep 0.1; done
   sleep 2  # jobs denoised, decodes queued behind the slow VAE
   kill -TERM $(ranks)

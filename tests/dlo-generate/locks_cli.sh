@@ -85,7 +85,7 @@ for np in 1 2; do
   mpirun -np $np "$BIN/dlo-generate-testhooks" "${GEN[@]:1}" --jobs "$T/a.yaml" --output-dir "$T/S" --save-latents "$T/lat2.h5" --slow-decode-ms 5000 \
     >"$T/S.log" 2>&1 &
   spid=$!
-  ranks() { pgrep -f "^$BIN/dlo-generate .*--output-dir $T/S " || true; }
+  ranks() { pgrep -f "^$BIN/dlo-generate-testhooks .*--output-dir $T/S " || true; }
   for _ in $(seq 300); do [ -e "$T/lat2.h5.lock" ] && [ "$(ranks | wc -l)" -ge $np ] && break; sleep 0.1; done
   sleep 2  # decodes queued behind the slow VAE
   kill -TERM $(ranks); sleep 0.5; kill -TERM $(ranks) 2>/dev/null || true

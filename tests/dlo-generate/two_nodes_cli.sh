@@ -114,7 +114,7 @@ with h5py.File(sys.argv[1], "r") as f:
     names = [n.decode() if isinstance(n, bytes) else n for n in f["_complete"].attrs["names"]]
     done = dict(zip(names, f["_complete"][:]))
     assert sorted(done) == ["j0", "j1", "j2", "j3", "j4"] and all(v == 1 for v in done.values()), done
-    assert all(f[k].shape == (1, 16, 2, 4, 6) for k in done), [f[k].shape for k in done]
+    assert all(f[k].shape == (1, 16, 2, 8, 8) for k in done), [f[k].shape for k in done]
 print("ok: the latents of both nodes' jobs in one HDF5 file, every job complete")
 PY
 
