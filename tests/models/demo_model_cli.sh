@@ -3,13 +3,13 @@
 #  1. one prompt with no other flag: the model folder's dlo_defaults.json gives the size, frames,
 #     steps and guidance (ffprobe: 64x64, 17 frames);
 #  2. ten prompts (every colour twice, every shape and direction at least twice), half with UniPC
-#     and half with Euler, at 1 and 2 ranks with each offload strategy: every job's frames
-#     identical across the ten runs, and tools/check_demo_video.py's verdicts from the pixels:
-#     the colour and the direction right in all but at most one video each (issue 20's bar; the
-#     shipped model gets 10 of 10 of each; chance is 2 and 2.5); shape is reported, not asserted
-#     (5 of 10, chance 3.3: the transformer draws circles and triangles, squares without corners,
-#     though the VAE gets the shape right in 93% of its own reconstructions);
-#  3. the same prompts with guidance off: the verdicts reported.
+#     and half with Euler, at 1 rank resident and at 2 ranks with dlo: every job's frames identical
+#     in the two runs (the other strategies and rank counts are the --jobs tests' on their models),
+#     and tools/check_demo_video.py's verdicts from the pixels: the colour and the direction right
+#     in all but at most one video each (issue 20's bar; the shipped model gets 10 of 10 of each;
+#     chance is 2 and 2.5); shape is reported, not asserted (5 of 10, chance 3.3: the transformer
+#     draws circles and triangles, squares without corners, though the VAE gets the shape right in
+#     93% of its own reconstructions). Guidance off is measured by research/demo-model, not here.
 # DLO_DEMO_MAX_MISSES (e.g. colour=0,direction=0,shape=4) sets other bars.
 #   demo_model_cli.sh BIN_DIR PYTHON SOURCE_DIR
 set -euo pipefail
@@ -28,7 +28,7 @@ read -r w h n < <(ffprobe -v error -count_frames -select_streams v:0 \
 [ "$w $h $n" = "64 64 17" ] || fail "one prompt: ${w}x${h}, $n frames; want the model's 64x64, 17 frames"
 "${CHECK[@]}" "$T/one.mp4"
 
-# 2. Ten prompts, both schedulers, 1 and 2 ranks, every strategy.
+# 2. Ten prompts, both schedulers, 1 rank resident and 2 ranks dlo.
 PROMPTS=("a red circle moving left" "a red square moving up" "a green square moving right"
   "a green triangle moving down" "a blue triangle moving up" "a blue circle moving right"
   "a yellow circle moving down" "a yellow triangle moving left" "a white triangle moving right"
@@ -50,32 +50,22 @@ manifest() {  # manifest FILE EXTRA_DEFAULTS
 }
 sha_of() { grep "\"id\":\"$2\"" "$1" | tail -1 | grep -o '"frames_sha256":"[0-9a-f]*"' | cut -d'"' -f4; }
 first=""
-for np in 1 2; do
-  for s in resident device-shards mixed dlo layerwise; do
-    d="$T/np$np-$s"
-    mkdir -p "$d"
-    manifest "$d/jobs.yaml"
-    mpirun -np $np "${GEN[@]}" --jobs "$d/jobs.yaml" --offload $s >"$d/log" 2>&1 || { cat "$d/log"; fail "np $np $s: exit"; }
-    "${CHECK[@]}" --quiet --results "$d/out/results.jsonl" --json "$d/verdicts.json" \
-      --max-misses "${DLO_DEMO_MAX_MISSES:-colour=1,direction=1}" | sed "s/^/np $np $s: /" || fail "np $np $s: the videos do not show their prompts"
-    if [ -z "$first" ]; then
-      first="$d"
-    else
-      for i in $(seq 0 $((${#PROMPTS[@]} - 1))); do
-        [ "$(sha_of "$d/out/results.jsonl" p$i)" = "$(sha_of "$first/out/results.jsonl" p$i)" ] ||
-          fail "np $np $s: job p$i's frames differ from $(basename "$first")'s"
-      done
-    fi
-  done
+for run in "1 resident" "2 dlo"; do
+  read -r np s <<<"$run"
+  d="$T/np$np-$s"
+  mkdir -p "$d"
+  manifest "$d/jobs.yaml"
+  mpirun -np $np "${GEN[@]}" --jobs "$d/jobs.yaml" --offload $s >"$d/log" 2>&1 || { cat "$d/log"; fail "np $np $s: exit"; }
+  "${CHECK[@]}" --quiet --results "$d/out/results.jsonl" --json "$d/verdicts.json" \
+    --max-misses "${DLO_DEMO_MAX_MISSES:-colour=1,direction=1}" | sed "s/^/np $np $s: /" || fail "np $np $s: the videos do not show their prompts"
+  if [ -z "$first" ]; then
+    first="$d"
+  else
+    for i in $(seq 0 $((${#PROMPTS[@]} - 1))); do
+      [ "$(sha_of "$d/out/results.jsonl" p$i)" = "$(sha_of "$first/out/results.jsonl" p$i)" ] ||
+        fail "np $np $s: job p$i's frames differ from $(basename "$first")'s"
+    done
+  fi
 done
 
-# 3. Guidance off: reported, not asserted (the model is trained with 12% prompt dropout for it).
-d="$T/noguidance"
-mkdir -p "$d"
-manifest "$d/jobs.yaml" "guidance: 1.0"
-mpirun -np 2 "${GEN[@]}" --jobs "$d/jobs.yaml" --offload dlo >"$d/log" 2>&1 || { cat "$d/log"; fail "guidance off: exit"; }
-echo "guidance off:"
-"${CHECK[@]}" --quiet --results "$d/out/results.jsonl"
-echo "guidance on ($(basename "$first")):"
-"${CHECK[@]}" --quiet --results "$first/out/results.jsonl"
-echo "PASS: the demo model renders with its own settings; frames identical at 1 and 2 ranks, every strategy, both schedulers; colour and direction as asked"
+echo "PASS: the demo model renders with its own settings; frames identical at 1 rank resident and 2 ranks dlo, both schedulers; colour and direction as asked"
