@@ -79,8 +79,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       if (args.count("report")) dlo::with_context("--report", [&] { dlo::check_output_path(args["report"].as<std::string>()); });
       const dlo::JobFlags flags = dlo::job_field_flags(args);
       const std::string dtypes = dlo::dtypes_label(go);
-      const dlo::BatchPlan plan = batch ? dlo::batch_plan_from_flags(args, flags, outputs, dtypes, lock, latents_lock)
-                                          : dlo::prompt_plan_from_flags(args, flags, outputs, dtypes);
+      const dlo::BatchPlan plan = batch ? dlo::batch_plan_from_flags(args, flags, outputs, dtypes, world.size(), lock, latents_lock)
+                                          : dlo::prompt_plan_from_flags(args, flags, outputs, dtypes, world.size());
       plan_text = dlo::plan_to_json(plan);
     }
   } catch (const cxxopts::exceptions::exception& e) {
@@ -101,9 +101,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   }
   const dlo::BatchPlan plan = dlo::plan_from_json(world.broadcast_string(plan_text, 0, "sharing the plan"));
   // The manifest's topology keys (checked on rank 0) where the flags do not say.
-  if (!args.count("sp") && !plan.sp.empty()) go.topology.sp = dlo::parse_sp(plan.sp, "sp");
-  if (!args.count("cfg-parallel") && !plan.cfg_parallel.empty())
-    go.topology.cfg = dlo::parse_cfg_parallel(plan.cfg_parallel, "cfg_parallel");
+  go.topology = dlo::batch_topology_request(dlo::topology_flags(args), plan.sp, plan.cfg_parallel);
   try {
     hooks.apply(args, world, go);
   } catch (const dlo::Error& e) {
@@ -153,7 +151,11 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   std::unique_ptr<dlo::ResultsLog> log;
   if (batch && world.rank() == 0) {
     log = std::make_unique<dlo::ResultsLog>(plan.results);
-    for (const dlo::BatchJob& j : plan.recovered) log->append(dlo::result_line(dlo::recovered_result(j, model)));
+    for (const dlo::BatchJob& j : plan.recovered) {
+      const dlo::OutputFormat& f = outputs.format(j.spec.format);
+      const std::optional<dlo::RecordedJob> r = f.recorded ? f.recorded(j.spec.output, true) : std::nullopt;
+      log->append(dlo::result_line(dlo::recovered_result(j, model, r ? r->frames_sha256 : std::string())));
+    }
   }
   std::unique_ptr<dlo::BatchLatents> latents;
   if (batch && args.count("save-latents") && !plan.jobs.empty())  // nothing left to render: the file stays as it is

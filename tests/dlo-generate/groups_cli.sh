@@ -15,8 +15,8 @@
 #     batch goes on; exit 3; a failure on one member alone (a block, the step's inputs) is
 #     recorded with that member's reason;
 #  4. two experts (Wan2.2 A14B preset) in groups of 2: frames as at 1 rank;
-#  5. refused by name, exit 2, nothing written: more ranks along the sequence than heads, groups
-#     that do not divide the ranks; ranks that disagree on the topology (a test hook) end before
+#  5. refused by name, exit 2, nothing written (a batch: not even its output folder): more ranks
+#     along the sequence than ranks or heads (naming the job), groups larger than the ranks; ranks that disagree on the topology (a test hook) end before
 #     any of the groups' collectives; --dry-run prints the topology and each job's ranks;
 #  6. SIGTERM to every rank of a CFG pair: exit 143, only finished videos kept, the rerun completes;
 #  7. SIGKILL of one rank of a group mid-batch ends every rank within a bounded time.
@@ -223,8 +223,26 @@ refused() {  # refused NP MESSAGE ARGS...
   [ "$rc" = 2 ] && grep -qF -- "$msg" "$T/stderr" && [ ! -e "$T/no.mp4" ] || fail "np $np $*: exit $rc: $(cat "$T/stderr")"
   echo "ok: np $np $* refused: $msg"
 }
-refused 4 "--sp 4 --cfg-parallel auto on 4 rank(s): 4 ranks along the sequence exceed the model's 2 attention heads" --sp 4
-refused 2 "--sp 2 --cfg-parallel on on 2 rank(s): groups of 4 rank(s) do not divide 2 rank(s)" --sp 2 --cfg-parallel on
+refused 4 "--sp 4 --cfg-parallel auto on 4 rank(s): job 'video' (guided, sp 4): 4 ranks along the sequence exceed the model's 2 attention heads" --sp 4
+refused 2 "--sp 2 --cfg-parallel on on 2 rank(s): 4 ranks per job (a CFG pair of 2 each) > 2 rank(s)" --sp 2 --cfg-parallel on
+refused 1 "--sp auto --cfg-parallel on on 1 rank(s): 2 ranks per job (a CFG pair) > 1 rank(s)" --cfg-parallel on
+# A batch: refused before its output folder or results.jsonl exists (probe V1), naming the job that
+# would get the impossible split (here the unguided one: all 4 ranks along the sequence).
+batch_refused() {  # batch_refused NP MESSAGE MANIFEST_TOPOLOGY_LINE ARGS...
+  local np=$1 msg=$2 key=$3; shift 3
+  rm -rf "$T/v1"
+  { [ -z "$key" ] || echo "$key"; echo "model: m"; echo "defaults: {frames: 5, height: 64, width: 64, steps: 2}"; echo "jobs:"
+    echo "  - {id: guided, prompt: a fox, guidance: 4}"; echo "  - {id: plain, prompt: an owl, guidance: 1}"; } >"$T/v1.yaml"
+  set +e
+  mpirun -np "$np" "$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/v1.yaml" --output-dir "$T/v1" "$@" >"$T/stdout" 2>"$T/stderr"
+  local rc=$?
+  set -e
+  [ "$rc" = 2 ] && grep -qF -- "$msg" "$T/stderr" && [ ! -e "$T/v1" ] || fail "a batch, np $np $key $*: exit $rc, $(ls "$T/v1" 2>&1): $(cat "$T/stderr")"
+  echo "ok: a batch, np $np $key $* refused before anything is written: $msg"
+}
+batch_refused 4 "command line: --sp 2 --cfg-parallel on on 4 rank(s): job 'plain' (unguided, sp 4): 4 ranks along the sequence exceed the model's 2 attention heads" "" --sp 2 --cfg-parallel on
+batch_refused 2 "command line: --sp 4 --cfg-parallel auto on 2 rank(s): 4 ranks along the sequence > 2 rank(s)" "" --sp 4
+batch_refused 2 "v1.yaml: --sp 4 --cfg-parallel auto on 2 rank(s): 4 ranks along the sequence > 2 rank(s)" "sp: 4"
 refused 2 "--cfg-parallel: 'yes' is not on, off or auto" --cfg-parallel yes
 refused 2 "--sp: 'two' is not auto or a rank count (1 or more)" --sp two
 # Ranks that disagree on the topology (a test hook: rank 1 asks for no CFG pair) are refused before

@@ -12,8 +12,9 @@
 #     one rank's); a rank that sees no model folder there, or another model in it (a mount
 #     namespace the test makes), stops every rank before any gather, exit 2, named;
 #  6. a finished video without its results.jsonl line (the run stopped before recording it) is
-#     recognised from its own metadata (mp4, png, ffv1) and recorded "recovered"; a cut one renders
-#     again; one whose metadata records other parameters is refused as changed;
+#     recognised from its own metadata (mp4, png, ffv1) and recorded "recovered" with its frames'
+#     hash; a cut one renders again; one whose metadata records other parameters is refused as
+#     changed;
 #  7. late checks made early: a VAE checkpoint that does not fit its config, --device tpu and a
 #     --report in a missing folder exit 2 before the output folder is made;
 #  8. absurd jobs: steps 1e9 and height 2^40 refused at validation (exit 2); a job that cannot fit
@@ -163,6 +164,9 @@ truncate -s $((size - 200)) "$T/out6/cut.mp4"
 expect 0 "$T/r6b.log" "${GEN[@]}" --jobs "$T/r6.yaml"
 for id in v p k; do
   grep "\"id\":\"$id\"" "$T/out6/results.jsonl" | grep -q '"status":"ok".*"recovered":true' || fail "$id not recovered: $(cat "$T/out6/results.jsonl")"
+  # Its frames' hash too (probe V6): from the MP4's and the PNG folder's metadata, from the MKV's decoded frames.
+  [ "$(sha_of "$T/out6/results.jsonl" $id)" = "$(sha_of "$T/r6-first.jsonl" $id)" ] ||
+    fail "$id recovered with frames_sha256 '$(sha_of "$T/out6/results.jsonl" $id)', rendered with '$(sha_of "$T/r6-first.jsonl" $id)'"
 done
 grep '"id":"cut"' "$T/out6/results.jsonl" | grep -q '"recovered":false' || fail "the cut video was not rendered again"
 [ "$(sha_of "$T/out6/results.jsonl" cut)" = "$(sha_of "$T/r6-first.jsonl" cut)" ] || fail "the re-rendered video differs"

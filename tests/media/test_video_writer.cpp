@@ -206,6 +206,38 @@ TEST_CASE("mp4: every tag name it accepts shows in ffprobe and others are refuse
   CHECK(tag(read_video(dir.file("t.mkv")).tags, "seed") == "42");
 }
 
+TEST_CASE("late tags: finish()'s tags replace or join the others in an MP4 and a PNG folder, an MKV keeps its header's") {
+  // What recovery reads a job's frames hash from (probe V6): known only once every frame is in.
+  TempDir dir;
+  const auto rgb = make_frames(kW, kH, 2, 5);
+  const std::vector<std::pair<std::string, std::string>> late = {{"description", "with the hash"}, {"synopsis", "new"}};
+  for (const VideoFormat f : {VideoFormat::kMp4, VideoFormat::kPng, VideoFormat::kFfv1}) {
+    CAPTURE(std::string(video_format_name(f)));
+    VideoOptions o;
+    o.format = f;
+    o.tags = {{"comment", "kept"}, {"description", "at the start"}};
+    const std::string path = dir.file(std::string("late") + video_format_extension(f));
+    VideoWriter vw(path, kW, kH, o);
+    for (int t = 0; t < 2; ++t) vw.add_frame(rgb.data() + static_cast<std::size_t>(t) * kW * kH * 3);
+    vw.finish(late);
+    const auto tags = read_video(path).tags;
+    CHECK(tag(tags, "comment") == "kept");
+    CHECK(tag(tags, "description") == std::string(f == VideoFormat::kFfv1 ? "at the start" : "with the hash"));
+    CHECK(tag(tags, "synopsis") == std::string(f == VideoFormat::kFfv1 ? "(missing)" : "new"));
+  }
+  // Late tags are checked as the others: an MP4 refuses a name it would drop, and the file is not written.
+  VideoOptions o;
+  o.tags = {{"comment", "kept"}};
+  {
+    VideoWriter vw(dir.file("bad.mp4"), kW, kH, o);
+    vw.add_frame(rgb.data());
+    CHECK(error_of([&] { vw.finish({{"seed", "1"}}); }) ==
+          "'" + dir.file("bad.mp4") + "': metadata tag 'seed' is not one an MP4 keeps (title, artist, album, date, "
+          "comment, description, genre, copyright, composer, synopsis, grouping, lyrics)");
+  }
+  CHECK(::access(dir.file("bad.mp4").c_str(), F_OK) != 0);
+}
+
 TEST_CASE("mp4: fps and crf and preset reach the stream and the index comes first") {
   TempDir dir;
   const auto rgb = make_frames(kW, kH, 5, 3);

@@ -116,14 +116,30 @@ TEST_CASE("topology, explicit requests") {
   // More ranks along the sequence than heads, or a job's shares under 16 tokens (the second job
   // here: 63 tokens over 4 ranks, 15-16 each; 64 would do).
   CHECK_THROWS_WITH_AS(dlo::choose_topology(request(4, Cfg::kOff), batch(4, {10}, {true}, 2)),
-                       "--sp 4 --cfg-parallel off on 4 rank(s): 4 ranks along the sequence exceed the model's 2 attention heads",
+                       "--sp 4 --cfg-parallel off on 4 rank(s): job 0 (guided, sp 4): 4 ranks along the sequence exceed the model's 2 attention heads",
                        dlo::Error);
   TopologyLimits l = batch(4, {10, 10}, {true, true}, 12);
   l.tokens = {64, 63};
   CHECK_THROWS_WITH_AS(dlo::choose_topology(request(4, Cfg::kOff), l),
-                       "--sp 4 --cfg-parallel off on 4 rank(s): job 1's 63 tokens give 4 ranks along the sequence fewer "
+                       "--sp 4 --cfg-parallel off on 4 rank(s): job 1: 63 tokens give 4 ranks along the sequence fewer "
                        "than 16 each (shares that small can round differently from one rank)",
                        dlo::Error);
+  l.names = {"first", "second"};  // the batch's ids name the job
+  CHECK_THROWS_WITH_AS(dlo::choose_topology(request(4, Cfg::kOff), l),
+                       "--sp 4 --cfg-parallel off on 4 rank(s): job 'second': 63 tokens give 4 ranks along the sequence "
+                       "fewer than 16 each (shares that small can round differently from one rank)",
+                       dlo::Error);
+  // An unguided job beside guided ones in CFG 2 x SP 2 runs SP 4: more than 2 heads, named.
+  l = batch(4, {10, 10}, {true, false}, 2);
+  l.names = {"guided", "plain"};
+  CHECK_THROWS_WITH_AS(dlo::choose_topology(request(2, Cfg::kOn), l),
+                       "--sp 2 --cfg-parallel on on 4 rank(s): job 'plain' (unguided, sp 4): 4 ranks along the sequence "
+                       "exceed the model's 2 attention heads",
+                       dlo::Error);
+  // Groups larger than the world say so (not that they "do not divide" it).
+  CHECK_THROWS_WITH_AS(dlo::choose_topology(request(0, Cfg::kOn), batch(1, {10}, {true})),
+                       "--sp auto --cfg-parallel on on 1 rank(s): 2 ranks per job (a CFG pair) > 1 rank(s)", dlo::Error);
+  l = batch(4, {10, 10}, {true, true}, 12);
   l.tokens = {64, 64};
   CHECK(dlo::choose_topology(request(4, Cfg::kOff), l).group_size == 4);
   // Auto never splits a job below the floor: one 31-token job on 2 ranks stays on one rank, whose

@@ -136,7 +136,7 @@ TEST_CASE("every stage of WanPipeline, step by step: contexts, latents, timestep
       std::size_t frame_bytes;
       Keep(std::vector<std::uint8_t>* b, std::size_t n) : bytes(b), frame_bytes(n) {}
       void add_frame(const std::uint8_t* rgb) override { bytes->insert(bytes->end(), rgb, rgb + frame_bytes); }
-      void finish() override {}
+      void finish(const std::string&) override {}
     };
     std::vector<std::uint8_t> kept;
     std::int64_t kept_h = 0, kept_w = 0;

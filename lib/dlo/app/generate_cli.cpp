@@ -89,8 +89,15 @@ GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& a) {
   return go;
 }
 
+TopologyFlags topology_flags(const cxxopts::ParseResult& a) {
+  TopologyFlags f;
+  if (a.count("sp")) f.sp = parse_sp(a["sp"].as<std::string>(), "--sp");
+  if (a.count("cfg-parallel")) f.cfg = parse_cfg_parallel(a["cfg-parallel"].as<std::string>(), "--cfg-parallel");
+  return f;
+}
+
 BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& flags, const AppOutputs& outputs,
-                           const std::string& dtypes) {
+                           const std::string& dtypes, int ranks) {
   DLO_CHECK(a.count("model"), "missing --model DIR");
   DLO_CHECK(!a.count("output-dir") && !a.count("dry-run") && !a.count("force"),
             "--output-dir, --dry-run and --force are for batches (--jobs)");
@@ -101,6 +108,7 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& 
   JobSpec job = prompt_job(flags, outputs.names(), std::random_device{}() & 0xffffffffu,
                                      read_model_job_defaults(p.model_dir));
   check_prompt_job(job, model, outputs.names(), flags);
+  check_topology(batch_topology_request(topology_flags(a), "", ""), model, {&job}, ranks);
   if (a.count("out")) {
     const std::string why = output_name_problem(job.output);
     DLO_CHECK(why.empty(), "--out: ", why);
@@ -120,7 +128,7 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& 
 }
 
 BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, const AppOutputs& outputs,
-                          const std::string& dtypes, std::optional<FolderLock>& lock,
+                          const std::string& dtypes, int ranks, std::optional<FolderLock>& lock,
                           std::optional<FolderLock>& latents_lock) {
   flags.erase("save_latents");  // for a batch, --save-latents names its latents file
   for (const char* single : {"prompt", "out"})
@@ -142,11 +150,14 @@ BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, c
   o.force = a.count("force") > 0;
   o.dry_run = a.count("dry-run") > 0;
   o.dtypes = dtypes;
+  o.ranks = ranks;
+  o.topology = topology_flags(a);
   o.check_output = [&](const JobSpec& j, const ModelInfo& m) { outputs.format(j.format).check(j, m); };
   o.check_model = [](const ModelInfo& m) { check_model_parts(m); };
   o.recorded_fingerprint = [&](const JobSpec& j) {
     const OutputFormat& f = outputs.format(j.format);
-    return f.recorded_fingerprint ? f.recorded_fingerprint(j.output) : std::string();
+    const std::optional<RecordedJob> r = f.recorded ? f.recorded(j.output, false) : std::nullopt;
+    return r ? r->fingerprint : std::string();
   };
   if (a.count("save-latents")) {
     o.latents = canonical_path(a["save-latents"].as<std::string>());

@@ -29,17 +29,22 @@ std::int64_t integer_flag(const cxxopts::ParseResult& args, const std::string& f
 // are applied later, where the flags do not say). Errors name the flag.
 GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& args);
 
+// The topology flags given (--sp, --cfg-parallel), for batch_topology_request. Errors name the flag.
+TopologyFlags topology_flags(const cxxopts::ParseResult& args);
+
 // Rank 0: the plan of one --prompt job (the model's defaults, then the flags; a seed drawn when
-// none is given), every check made before any weight is read. `dtypes` is dtypes_label(options).
+// none is given), every check made before any weight is read (its topology on `ranks` ranks
+// included). `dtypes` is dtypes_label(options).
 BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& args, const JobFlags& flags, const AppOutputs& outputs,
-                                 const std::string& dtypes);
+                                 const std::string& dtypes, int ranks);
 
 // Rank 0: the plan of a --jobs batch (manifest, flags over it, checks, resume from results.jsonl)
 // and the checks of its --save-latents file. The output folder's lock is taken into `lock`, and
 // the latents file's ("FILE.h5.lock" beside it) into `latents_lock`; the caller holds them until
-// every result is written.
+// every result is written. The topology is checked for every job on `ranks` ranks before the
+// output folder is made.
 BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& args, JobFlags flags, const AppOutputs& outputs,
-                                const std::string& dtypes, std::optional<FolderLock>& lock,
+                                const std::string& dtypes, int ranks, std::optional<FolderLock>& lock,
                                 std::optional<FolderLock>& latents_lock);
 
 // Collective (plan_render): --dry-run's report on rank 0, each job with the ranks it starts on, the

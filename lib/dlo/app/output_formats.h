@@ -36,10 +36,13 @@ struct OutputFormat {
   std::function<std::unique_ptr<FrameSink>(const BatchJob& job, const ModelInfo& model, std::int64_t width,
                                            std::int64_t height, std::int64_t frames)>
       open;
-  // The fingerprint an existing output at `path` records in its own metadata, when it is dlo's and
-  // whole (every frame its metadata announces is there); "" otherwise. Resume reads it for a job
+  // The job an existing output at `path` records in its own metadata, when it is dlo's and whole
+  // (every frame its metadata announces is there); nullopt otherwise. Resume reads it for a job
   // results.jsonl has no line for (its run stopped between writing the video and recording it).
-  std::function<std::string(const std::string& path)> recorded_fingerprint;
+  // `with_frames_sha256`: its frames' hash is wanted too (for the recovered job's results line):
+  // from the metadata, or where the metadata has none and the format is lossless, from the
+  // decoded frames.
+  std::function<std::optional<RecordedJob>(const std::string& path, bool with_frames_sha256)> recorded;
 };
 
 // The final latents of a batch's jobs, all ranks writing one store.

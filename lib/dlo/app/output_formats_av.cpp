@@ -4,6 +4,7 @@
 
 #include "dlo/app/output_formats.h"
 #include "dlo/common/error.h"
+#include "dlo/common/sha256.h"
 #include "dlo/media/latents_h5.h"
 #include "dlo/media/video_writer.h"
 
@@ -21,15 +22,26 @@ VideoOptions video_options(const JobSpec& job, const ModelInfo& model, const std
   return v;
 }
 
+// The job's parameters in the "description" tag; the frames' hash joins them at the end (MP4,
+// PNG: recovery reads it there; an MKV's tags precede its frames, so recovery hashes its lossless
+// frames instead).
 class VideoSink : public FrameSink {
  public:
   VideoSink(const std::string& path, std::int64_t w, std::int64_t h, const VideoOptions& o)
-      : writer_(path, static_cast<int>(w), static_cast<int>(h), o) {}
+      : writer_(path, static_cast<int>(w), static_cast<int>(h), o), description_(tag_value(o, "description")) {}
   void add_frame(const std::uint8_t* rgb) override { writer_.add_frame(rgb); }
-  void finish() override { writer_.finish(); }
+  void finish(const std::string& frames_sha256) override {
+    writer_.finish({{"description", with_frames_sha256(description_, frames_sha256)}});
+  }
 
  private:
+  static std::string tag_value(const VideoOptions& o, const std::string& name) {
+    for (const auto& [k, v] : o.tags)
+      if (k == name) return v;
+    return "";
+  }
   VideoWriter writer_;
+  std::string description_;
 };
 
 std::string tag(const ExistingVideo& v, const std::string& name) {
@@ -63,11 +75,19 @@ OutputFormat video_format(VideoFormat f) {
     return std::unique_ptr<FrameSink>(
         std::make_unique<VideoSink>(job.spec.output, w, h, video_options(job.spec, model, job.fingerprint)));
   };
-  o.recorded_fingerprint = [f](const std::string& path) -> std::string {
+  o.recorded = [f](const std::string& path, bool with_frames_sha256) -> std::optional<RecordedJob> {
     const ExistingVideo e = probe_video(path, f);
-    if (e.kind != ExistingVideo::kReadable) return "";
-    const auto job = read_recorded_job(tag(e, "description"));
-    return job && job->frames == e.frames ? job->fingerprint : "";
+    if (e.kind != ExistingVideo::kReadable) return std::nullopt;
+    auto job = read_recorded_job(tag(e, "description"));
+    if (!job || job->frames != e.frames) return std::nullopt;
+    if (with_frames_sha256 && job->frames_sha256.empty() && f != VideoFormat::kMp4) {
+      // FFV1 and PNG give back the exact frames.
+      const DecodedVideo v = read_video(path);
+      Sha256 sha;
+      sha.update(v.rgb.data(), v.rgb.size());
+      job->frames_sha256 = sha.hex_digest();
+    }
+    return job;
   };
   return o;
 }

@@ -31,14 +31,14 @@ class FramesSink : public FrameSink {
     bytes_.reserve(static_cast<std::size_t>(frames * h * w * 3));
   }
   void add_frame(const std::uint8_t* rgb) override { bytes_.insert(bytes_.end(), rgb, rgb + w_ * h_ * 3); }
-  void finish() override {
+  void finish(const std::string& frames_sha256) override {
     const auto frame = static_cast<std::size_t>(w_ * h_ * 3);
     DLO_CHECK_KIND(ErrorKind::kInternal, bytes_.size() == frame * static_cast<std::size_t>(frames_), "'", path_, "': ",
                    bytes_.size() / frame, " frames decoded, ", frames_, " expected");
     write_safetensors_file(
         path_, {TensorSpec{"frames", DType::U8, {frames_, h_, w_, 3}}},
         [&](std::size_t, const TensorSpec& spec, std::byte* out) { std::memcpy(out, bytes_.data(), spec.nbytes()); },
-        {{"format", "pt"}, {"dlo_job", parameters_}});
+        {{"format", "pt"}, {"dlo_job", with_frames_sha256(parameters_, frames_sha256)}});
   }
 
  private:
@@ -79,16 +79,17 @@ AppOutputs make() {
   };
   // Whole when the reader accepts it (every tensor within the file) and "frames" has the count
   // the metadata announces.
-  f.recorded_fingerprint = [](const std::string& path) -> std::string {
+  f.recorded = [](const std::string& path, bool) -> std::optional<RecordedJob> {
     try {
       const Checkpoint c = Checkpoint::open(resolve_output_path(path));
       const auto meta = c.metadata().find("dlo_job");
-      if (meta == c.metadata().end()) return "";
+      if (meta == c.metadata().end()) return std::nullopt;
       const auto job = read_recorded_job(meta->second);
       const TensorInfo* t = c.find("frames");
-      return job && t != nullptr && !t->shape.empty() && t->shape[0] == job->frames ? job->fingerprint : "";
+      if (job && t != nullptr && !t->shape.empty() && t->shape[0] == job->frames) return job;
+      return std::nullopt;
     } catch (const Error&) {
-      return "";
+      return std::nullopt;
     }
   };
   a.formats.push_back(std::move(f));

@@ -551,7 +551,14 @@ std::optional<RecordedJob> read_recorded_job(const std::string& text) {
   RecordedJob r;
   if (const auto it = j.find("fingerprint"); it != j.end() && it->is_string()) r.fingerprint = it->get<std::string>();
   if (const auto it = j.find("frames"); it != j.end() && it->is_number_integer()) r.frames = it->get<std::int64_t>();
+  if (const auto it = j.find("frames_sha256"); it != j.end() && it->is_string()) r.frames_sha256 = it->get<std::string>();
   return r;
+}
+
+std::string with_frames_sha256(const std::string& parameters_json, const std::string& frames_sha256) {
+  ojson j = ojson::parse(parameters_json);
+  j["frames_sha256"] = frames_sha256;
+  return j.dump();
 }
 
 std::string job_output_fields_json(const JobSpec& job, const ModelInfo& info) {

@@ -191,8 +191,12 @@ std::string job_parameters_text(const JobSpec& job, const ModelInfo& info);
 struct RecordedJob {
   std::string fingerprint;
   std::int64_t frames = -1;
+  std::string frames_sha256;  // "" when absent (a Matroska file, whose tags precede its frames)
 };
 std::optional<RecordedJob> read_recorded_job(const std::string& text);
+// `parameters_json` (job_parameters_json's text) with "frames_sha256": the hash of the frames the
+// output holds, known once they are all written (results.jsonl's frames_sha256).
+std::string with_frames_sha256(const std::string& parameters_json, const std::string& frames_sha256);
 
 // Jobs as JSON (every field, by the table), to share a plan between ranks, and back.
 // jobs_from_json throws dlo::Error for text that is not such a list.

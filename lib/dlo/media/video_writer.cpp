@@ -758,11 +758,21 @@ struct VideoWriter::Impl {
     sync_folder(path_folder(path));
   }
 
-  void finish() {
+  void finish(const std::vector<std::pair<std::string, std::string>>& late_tags) {
     DLO_CHECK(!finished, "'", path, "': finish() called twice");
     DLO_CHECK(!failed, "'", path, "': finish() after an error");
     DLO_CHECK(frames > 0, "'", path, "': finish() with no frame added");
     failed = true;
+    for (const auto& [k, v] : late_tags) {
+      const auto same = std::find_if(options.tags.begin(), options.tags.end(), [&](const auto& t) { return t.first == k; });
+      if (same != options.tags.end())
+        same->second = v;
+      else
+        options.tags.emplace_back(k, v);
+    }
+    with_context(str("'", path, "'"), [&] { check_options(options); });
+    if (fmt)  // MP4 writes these with its index (moov) in the trailer; Matroska wrote its tags already
+      for (const auto& [k, v] : late_tags) av_dict_set(&fmt->metadata, k.c_str(), v.c_str(), 0);
     encode(nullptr);
     DLO_CHECK(packets == frames, "'", path, "': the encoder gave ", packets, " packets for ", frames, " frames");
     if (fmt) {
@@ -818,9 +828,9 @@ void VideoWriter::add_frame(const std::uint8_t* rgb) {
 
 std::int64_t VideoWriter::frames() const { return impl_->frames; }
 
-void VideoWriter::finish() {
+void VideoWriter::finish(const std::vector<std::pair<std::string, std::string>>& late_tags) {
   DefaultFloatState fp;
-  impl_->finish();
+  impl_->finish(late_tags);
 }
 
 const std::string& VideoWriter::path() const { return impl_->path; }

@@ -89,7 +89,11 @@ class VideoWriter {
   // Flushes the encoder, writes the trailer (MP4/MKV) or metadata.json (PNG), syncs, renames the
   // temporary into place and syncs the folder. At least one frame must have been added. Throws
   // dlo::Error (the temporary is then removed by the destructor). Call once.
-  void finish();
+  // `late_tags`: metadata known only now (the frames' hash), replacing options.tags of the same
+  // name or added after them, checked as they are. MP4 writes its metadata with its index at the
+  // end and PNG its metadata.json, so both keep them; Matroska has written its tags in its header,
+  // so an MKV keeps options.tags only.
+  void finish(const std::vector<std::pair<std::string, std::string>>& late_tags = {});
   // The final path.
   const std::string& path() const;
 

@@ -161,7 +161,7 @@ ResumeResult plan_resume(const Manifest& m, const std::vector<std::string>& fing
   return r;
 }
 
-JobResult recovered_result(const BatchJob& job, const ModelInfo& model) {
+JobResult recovered_result(const BatchJob& job, const ModelInfo& model, const std::string& frames_sha256) {
   JobResult r;
   r.id = job.spec.id;
   r.index = job.index;
@@ -173,6 +173,7 @@ JobResult recovered_result(const BatchJob& job, const ModelInfo& model) {
   r.width = job.spec.width;
   r.parameters_json = job_parameters_json(job.spec, model);
   r.recovered = true;
+  r.frames_sha256 = frames_sha256;
   return r;
 }
 
@@ -218,6 +219,13 @@ void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFo
   DLO_CHECK(msg.empty(), msg);
 }
 
+TopologyRequest batch_topology_request(const TopologyFlags& flags, const std::string& sp_key, const std::string& cfg_key) {
+  TopologyRequest r;
+  r.sp = flags.sp ? *flags.sp : sp_key.empty() ? 0 : parse_sp(sp_key, "sp");
+  r.cfg = flags.cfg ? *flags.cfg : cfg_key.empty() ? TopologyRequest::Cfg::kAuto : parse_cfg_parallel(cfg_key, "cfg_parallel");
+  return r;
+}
+
 BatchPlan plan_batch(const BatchPlanOptions& o) {
   // Every problem in one run: the manifest's own, then those that need the model's configs and
   // the outputs (a misspelt key and a height that is not a multiple of 16 both show at once).
@@ -241,6 +249,17 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
       o.check_model(model);
     } catch (const Error& e) {
       problems.push_back({m.path, -1, "", "model", e.what()});
+    }
+  }
+  if (problems.empty() && o.ranks > 0) {
+    // Every job of the manifest, done or not: the topology is the batch's, not its remainder's.
+    const bool keys = (!o.topology.sp && !m.sp.empty()) || (!o.topology.cfg && !m.cfg_parallel.empty());
+    try {
+      std::vector<const JobSpec*> all;
+      for (const auto& j : m.jobs) all.push_back(&j);
+      check_topology(batch_topology_request(o.topology, m.sp, m.cfg_parallel), model, all, o.ranks);
+    } catch (const Error& e) {
+      problems.push_back({keys ? m.path : "command line", -1, "", "", e.what()});
     }
   }
   BatchPlan p;

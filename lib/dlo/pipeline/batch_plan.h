@@ -15,6 +15,7 @@
 #include "dlo/config/job.h"
 #include "dlo/pipeline/manifest.h"
 #include "dlo/pipeline/results.h"
+#include "dlo/pipeline/topology.h"
 
 namespace dlo {
 
@@ -86,8 +87,8 @@ ResumeResult plan_resume(const Manifest& manifest, const std::vector<std::string
                          const LatentsIndex* latents = nullptr);
 
 // The results.jsonl record of a recovered job (BatchPlan::recovered): ok, its output's size now,
-// `recovered` set, no timings.
-JobResult recovered_result(const BatchJob& job, const ModelInfo& model);
+// `recovered` set, the frames' hash its output records (`frames_sha256`; "" when unknown), no timings.
+JobResult recovered_result(const BatchJob& job, const ModelInfo& model, const std::string& frames_sha256);
 
 // ---- planning on rank 0, before any weight is read
 
@@ -105,6 +106,15 @@ JobSpec prompt_job(const JobFlags& flags, const OutputFormatNames& formats, std:
 // error where a flag makes it moot (FieldError::beside), as in a manifest.
 void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFormatNames& formats,
                       const JobFlags& flags);
+
+// The topology given on the command line (--sp, --cfg-parallel; unset: not given).
+struct TopologyFlags {
+  std::optional<int> sp;
+  std::optional<TopologyRequest::Cfg> cfg;
+};
+// A batch's topology request: each flag given, else the manifest's key (`sp_key`, `cfg_key`: ""
+// when absent), else auto. Throws dlo::Error (kind input) naming a bad key.
+TopologyRequest batch_topology_request(const TopologyFlags& flags, const std::string& sp_key, const std::string& cfg_key);
 
 struct BatchPlanOptions {
   std::string manifest;                      // --jobs FILE
@@ -131,11 +141,16 @@ struct BatchPlanOptions {
   // the folders are held, take part in resume (plan_resume).
   std::string latents;
   std::function<LatentsIndex(const std::string& path)> read_latents;
+  // The ranks the batch runs on (0: the topology is not checked here) and its topology flags: the
+  // request (batch_topology_request) must hold for every job of the manifest (check_topology), a
+  // problem of the command line or of the manifest's keys found before anything is written.
+  int ranks = 0;
+  TopologyFlags topology;
 };
 
 // Rank 0: the manifest read and checked (load_manifest, check_manifest), every job fingerprinted
 // (job_fingerprint with the model folder's identity), resume applied (plan_resume against
-// results.jsonl in the output folder and the latents file, if any), the paths made canonical, and, unless dry_run, the output
+// results.jsonl in the output folder and the latents file, if any), the topology checked, the paths made canonical, and, unless dry_run, the output
 // folders created (the output folder itself and its hold_output_dir before resume is planned) and
 // the temporaries of killed writers removed. Throws ManifestError with every problem (bad fields,
 // changed jobs) or dlo::Error (an unreadable manifest, model folder or results file).

@@ -39,7 +39,8 @@ struct JobResult {
   std::int64_t rss_peak_kb = -1, allocator_reserved_peak_bytes = -1;  // the second: CUDA's caching allocator, process peak so far
   std::string parameters_json;  // job_parameters_json()
   // Recorded by a later run from the output's own metadata (the run that rendered it stopped
-  // before recording it): no timings, memory or frames_sha256.
+  // before recording it): no timings or memory; frames_sha256 as the output records it, or as its
+  // lossless frames decode (MKV); "" for an MP4 or .safetensors an earlier dlo wrote without it.
   bool recovered = false;
 
   bool ok() const { return status == JobStatus::kOk; }

@@ -7,6 +7,8 @@
 #include <queue>
 
 #include "dlo/common/error.h"
+#include "dlo/config/job.h"
+#include "dlo/config/model_info.h"
 
 namespace dlo {
 namespace {
@@ -19,12 +21,19 @@ std::string two_digits(double x) {
 
 // Why `t` cannot run the batch ("": it can).
 std::string violation(const Topology& t, const TopologyLimits& l) {
+  if (t.group_size > l.ranks)
+    return str(t.group_size, " ranks per job (", t.cfg ? "a CFG pair" : "along the sequence",
+               t.cfg && t.group_size > 2 ? str(" of ", t.group_size / 2, " each") : std::string(), ") > ", l.ranks,
+               " rank(s)");
   if (l.ranks % t.group_size != 0) return str("groups of ", t.group_size, " rank(s) do not divide ", l.ranks, " rank(s)");
   for (std::size_t j = 0; j < l.steps.size(); ++j) {
+    const std::string job = j < l.names.size() ? str("job '", l.names[j], "'") : str("job ", j);
     const int sp = t.sp_of(l.guided[j]);
-    if (sp > l.heads) return str(sp, " ranks along the sequence exceed the model's ", l.heads, " attention heads");
+    if (sp > l.heads)
+      return str(job, " (", l.guided[j] ? "guided" : "unguided", ", ", t.label(l.guided[j]), "): ", sp,
+                 " ranks along the sequence exceed the model's ", l.heads, " attention heads");
     if (sp > 1 && l.tokens[j] < sp * kMinShareTokens)
-      return str("job ", j, "'s ", l.tokens[j], " tokens give ", sp, " ranks along the sequence fewer than ",
+      return str(job, ": ", l.tokens[j], " tokens give ", sp, " ranks along the sequence fewer than ",
                  kMinShareTokens, " each (shares that small can round differently from one rank)");
   }
   return {};
@@ -218,6 +227,29 @@ TopologyPlan plan_topology(const TopologyRequest& request, const TopologyLimits&
                       two_digits(plan.predicted_dp), " data parallel throughout");
   }
   return plan;
+}
+
+TopologyLimits topology_limits(const ModelInfo& model, const std::vector<const JobSpec*>& jobs, int ranks,
+                               const TopologyCosts& costs) {
+  TopologyLimits l;
+  l.ranks = ranks;
+  l.costs = costs;
+  const std::vector<WanTransformerConfig> configs = model.expert_configs();
+  l.heads = std::numeric_limits<int>::max();
+  for (const auto& c : configs) l.heads = std::min(l.heads, static_cast<int>(c.num_attention_heads));
+  for (const JobSpec* j : jobs) {
+    const std::vector<std::int64_t> shape = model.latent_shape(j->frames, j->height, j->width);
+    l.steps.push_back(j->steps);
+    l.guided.push_back(j->guided());
+    l.tokens.push_back(wan_tokens(configs.front(), shape[2], shape[3], shape[4]));
+    l.names.push_back(j->id);
+  }
+  return l;
+}
+
+void check_topology(const TopologyRequest& request, const ModelInfo& model, const std::vector<const JobSpec*>& jobs,
+                    int ranks) {
+  (void)plan_topology(request, topology_limits(model, jobs, ranks, topology_costs("cpu")));
 }
 
 }  // namespace dlo

@@ -38,6 +38,9 @@
 
 namespace dlo {
 
+struct JobSpec;
+struct ModelInfo;
+
 // What the user asked for: --sp N|auto, --cfg-parallel on|off|auto.
 struct TopologyRequest {
   int sp = 0;  // ranks along the sequence per branch; 0: auto
@@ -67,6 +70,7 @@ struct TopologyLimits {
   std::vector<std::int64_t> steps;    // per runnable job
   std::vector<bool> guided;           // per runnable job
   std::vector<std::int64_t> tokens;   // per runnable job: the SP degree's upper bound
+  std::vector<std::string> names;     // per runnable job, for refusals ("job 'ID'"); may be empty
   bool groups_supported = true;       // false: the device cannot exchange activations
   std::string unsupported_why;        // why not, for the refusal of an explicit request
   TopologyCosts costs;                // of the device the ranks compute on
@@ -119,5 +123,16 @@ struct TopologyPlan {
   std::string reason;
 };
 TopologyPlan plan_topology(const TopologyRequest& request, const TopologyLimits& limits);
+
+// The limits of `jobs` (valid for `model`: validate_job) on `ranks` ranks of a device with `costs`:
+// the fewest attention heads of the model's experts, and each job's steps, guidance, tokens and id.
+TopologyLimits topology_limits(const ModelInfo& model, const std::vector<const JobSpec*>& jobs, int ranks,
+                               const TopologyCosts& costs);
+
+// Whether `request` can hold for every job of `jobs` on `ranks` ranks, before anything is written
+// (the run plans only the jobs it renders, which can only hold where all of them do). Throws as
+// choose_topology.
+void check_topology(const TopologyRequest& request, const ModelInfo& model, const std::vector<const JobSpec*>& jobs,
+                    int ranks);
 
 }  // namespace dlo

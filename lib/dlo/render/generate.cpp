@@ -59,22 +59,11 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
 // the same input).
 TopologyPlan batch_topology(const ModelInfo& model, const std::vector<BatchJob>& jobs, const BatchMemoryPlan& memory,
                             int ranks, const GenerateOptions& o, const WaveDevice& dev) {
-  TopologyLimits l;
-  l.ranks = ranks;
-  l.costs = topology_costs(dev.device.is_cuda() ? "cuda" : "cpu");
-  l.heads = 1 << 30;
-  const std::vector<WanTransformerConfig> configs = model.expert_configs();
-  for (const auto& c : configs) l.heads = std::min(l.heads, static_cast<int>(c.num_attention_heads));
-  for (std::size_t i = 0; i < jobs.size(); ++i) {
-    if (std::find(memory.refused.begin(), memory.refused.end(), static_cast<std::int64_t>(i)) != memory.refused.end())
-      continue;
-    const JobSpec& j = jobs[i].spec;
-    const std::vector<std::int64_t> shape = model.latent_shape(j.frames, j.height, j.width);
-    l.steps.push_back(j.steps);
-    l.guided.push_back(j.guided());
-    l.tokens.push_back(wan_tokens(configs.front(), shape[2], shape[3], shape[4]));
-  }
-  return plan_topology(o.topology, l);
+  std::vector<const JobSpec*> runnable;
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    if (std::find(memory.refused.begin(), memory.refused.end(), static_cast<std::int64_t>(i)) == memory.refused.end())
+      runnable.push_back(&jobs[i].spec);
+  return plan_topology(o.topology, topology_limits(model, runnable, ranks, topology_costs(dev.device.is_cuda() ? "cuda" : "cpu")));
 }
 
 // The memory plan and the topology's phases every rank agrees on (collective; a refusal is the

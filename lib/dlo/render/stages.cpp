@@ -205,8 +205,8 @@ void finish_job(JobRun& run, const WanVae& vae, const ModelInfo& model, const Si
           if (sink) timed([&] { sink->add_frame(p); });
         }
       });
-      if (sink) timed([&] { sink->finish(); });
       run.result.frames_sha256 = sha.hex_digest();
+      if (sink) timed([&] { sink->finish(run.result.frames_sha256); });
       run.result.frames = frames;
       run.result.height = height;
       run.result.width = width;

@@ -41,7 +41,9 @@ class FrameSink {
  public:
   virtual ~FrameSink() = default;
   virtual void add_frame(const std::uint8_t* rgb) = 0;
-  virtual void finish() = 0;
+  // After the last frame: `frames_sha256` is the hash of every frame added, in order (results.jsonl's),
+  // for the output's own metadata where the format can still write it.
+  virtual void finish(const std::string& frames_sha256) = 0;
 };
 
 // One job on its rank, from assignment to its result.
