@@ -107,6 +107,10 @@ MUTANTS=$(cat <<'EOF'
 80|lib/dlo/models/wan_transformer.cpp|sequence parallelism: a share's cross-attention on its own queries (SDPA's query blocks follow the share: SP 3 on 105 tokens rounds differently from one rank)|"const bool whole = s.is_share();"|"const bool whole = false;"
 81|lib/dlo/models/wan_transformer.cpp|sequence parallelism: a share's GELU on its own rows (ATen's scalar remainder falls elsewhere than in one rank's tensor)|"if (!s.is_share() \x7c\x7c !x.is_cpu()) return at::gelu(x, \"tanh\");"|"return at::gelu(x, \"tanh\");"
 82|lib/dlo/pipeline/topology.h|topology: no floor on a rank's share of a job's tokens (shares of a few rows take another GEMM path)|"kMinShareTokens = 16;"|"kMinShareTokens = 1;"
+90|lib/dlo/media/latents_h5.cpp|latents HDF5: a rewrite leaves the entry's flag up while its data change (a cut-off rewrite reads as complete)|"    set_flag(0);\n"|""
+91|lib/dlo/media/latents_h5.cpp|latents HDF5: an entry's flag set before its data are written (a cut-off first write reads as complete)|"    set_flag(0);\n"|"    set_flag(1);\n"
+92|lib/dlo/media/latents_h5.cpp|latents HDF5: converting a version-1 file drops its table's flags of the data kept|"if (version == 1) step[\"flag\"] = table.count(e.name) ? table[e.name] : 0;"|""
+93|lib/dlo/media/latents_h5.cpp|latents HDF5: an open re-creates (clears) the flags of entries whose data it keeps|"if (flag >= 0) step[\"flag\"] = flag, step[\"renew\"] = false, step[\"drop\"] = false;"|""
 EOF
 )
 

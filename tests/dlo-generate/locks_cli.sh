@@ -28,9 +28,9 @@ expect() {
   set -e
   [ "$rc" = "$want" ] || fail "exit $rc, want $want: $* :: $(cat "$log")"
 }
-flags() {  # flags FILE.h5: "name=flag ..." of /_complete, sorted by name (h5py, not dlo)
-  /usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r'); c=f['_complete']; \
-print(' '.join(sorted('%s=%d' % (n if isinstance(n,str) else n.decode(), v) for n,v in zip(c.attrs['names'], c[:]))))" "$1"
+flags() {  # flags FILE.h5: "name=flag ..." of /_complete/NAME, sorted by name (h5py, not dlo)
+  /usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r'); \
+print(' '.join('%s=%d' % (n, d[()]) for n, d in sorted(f['_complete'].items())))" "$1"
 }
 batch() {  # batch FILE PREFIX PROMPT: 3 jobs PREFIX0..2 of 5 frames at 32x48, 4 steps
   { echo "model: $T/m"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 4}"; echo "jobs:"
@@ -96,8 +96,7 @@ for np in 1 2; do
 done
 
 # ---- 3. resume reads the latents file
-/usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); c=f['_complete']; \
-n=[x if isinstance(x,str) else x.decode() for x in c.attrs['names']]; c[n.index('a1')]=0" "$T/lat.h5"
+/usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); f['_complete/a1'][()]=0" "$T/lat.h5"
 "$BIN/dlo-generate" --threads 1 --jobs "$T/a.yaml" --output-dir "$T/A" --save-latents "$T/lat.h5" >"$T/A2.log" 2>&1 \
   || fail "resume: $(cat "$T/A2.log")"
 grep -q "1 job(s) to render, 2 already done" "$T/A2.log" || fail "a done job without its latents flag: $(cat "$T/A2.log")"

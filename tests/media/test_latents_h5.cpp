@@ -5,7 +5,10 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -68,10 +71,9 @@ struct Expect {
   int index, gen;  // latents_values(index, gen, shape) when complete
 };
 
-// latents_h5_check.py check: 0 when the file holds exactly `datasets`, /_complete's names in `order`.
-void check_with_h5py(const SharedDir& dir, const std::string& path, const std::vector<Expect>& datasets,
-                     const std::vector<std::string>& order) {
-  json e = {{"path", path}, {"order", order}, {"datasets", json::object()}};
+// latents_h5_check.py check: 0 when the file holds exactly `datasets`, each with its flag.
+void check_with_h5py(const SharedDir& dir, const std::string& path, const std::vector<Expect>& datasets) {
+  json e = {{"path", path}, {"datasets", json::object()}};
   for (const Expect& x : datasets) {
     json attrs = json::object();
     for (const auto& [k, v] : x.entry->attributes) attrs[k] = v;
@@ -132,10 +134,32 @@ std::vector<LatentsEntry> batch_entries() {
   return v;
 }
 
-std::vector<std::string> names_of(const std::vector<LatentsEntry>& entries) {
-  std::vector<std::string> n;
-  for (const LatentsEntry& e : entries) n.push_back(e.name);
-  return n;
+// latents_h5_check.py offsets: where h5py finds each dataset's data and flag bytes in the file.
+json offsets(const SharedDir& dir, const std::string& path) {
+  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " '" + DLO_TEST_LATENTS_CHECK + "' offsets '" + path + "'", dir);
+  INFO(out);
+  REQUIRE(rc == 0);
+  return json::parse(out);
+}
+
+// The bytes of `path` at offsets[name]["data"] and ["flag"] (a region [offset, bytes]).
+std::string raw(const std::string& path, const json& region) {
+  std::ifstream in(path, std::ios::binary);
+  std::string b(region[1].get<std::size_t>(), '\0');
+  in.seekg(region[0].get<std::streamoff>());
+  in.read(b.data(), static_cast<std::streamsize>(b.size()));
+  REQUIRE(in);
+  return b;
+}
+std::string raw_entry(const std::string& path, const json& off, const std::string& name) {
+  return raw(path, off[name]["data"]) + raw(path, off[name]["flag"]);
+}
+
+// Runs a python one-liner with h5py on rank 0 (a file that dlo did not write).
+void h5py(const SharedDir& dir, const std::string& code) {
+  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " -c \"import h5py, numpy; " + code + "\"", dir);
+  INFO(out);
+  REQUIRE(rc == 0);
 }
 
 }  // namespace
@@ -184,7 +208,7 @@ TEST_CASE("ranks write different entries at different times, h5py reads back eve
   MPI_Barrier(MPI_COMM_WORLD);
   std::vector<Expect> expect;
   for (std::size_t i = 0; i < n; ++i) expect.push_back({&entries[i], i != never, static_cast<int>(i), i == 0 ? 2 : 0});
-  check_with_h5py(dir, path, expect, names_of(entries));
+  check_with_h5py(dir, path, expect);
 
   // Reopened with the same entries (a resumed batch): every flag comes back from the file, on
   // every rank, and nothing changes.
@@ -192,7 +216,7 @@ TEST_CASE("ranks write different entries at different times, h5py reads back eve
     LatentsFile f(dlo::test::world(), path, entries);
     for (std::size_t i = 0; i < n; ++i) CHECK(f.complete(i) == (i != never));
   }
-  check_with_h5py(dir, path, expect, names_of(entries));
+  check_with_h5py(dir, path, expect);
 }
 
 TEST_CASE("a reopen with changed entries keeps matching data, replaces changed ones and keeps other datasets") {
@@ -231,10 +255,9 @@ TEST_CASE("a reopen with changed entries keeps matching data, replaces changed o
   }
   check_with_h5py(dir, path,
                   {{&b[0], true, 6, 1}, {&b[1], true, 3, 0}, {&b[2], true, 2, 1}, {&b[3], true, 1, 1},
-                   {&b[4], true, 0, 0}, {&b[5], false, 4, 0}, {&a[5], true, 5, 0}},
-                  {"a6", "a3", "a2", "a1", "a0", "a4", "a5"});
+                   {&b[4], true, 0, 0}, {&b[5], false, 4, 0}, {&a[5], true, 5, 0}});
 
-  // Back to the first batch: a5's flag came through as another dataset's; a6 is now the other one.
+  // Back to the first batch: a5's flag is as the first batch left it; a6 is now the other one.
   {
     LatentsFile f(dlo::test::world(), path, a);
     const std::vector<bool> want = {true, false, false, true, false, true};
@@ -242,8 +265,7 @@ TEST_CASE("a reopen with changed entries keeps matching data, replaces changed o
   }
   check_with_h5py(dir, path,
                   {{&a[0], true, 0, 0}, {&a[1], false, 1, 0}, {&a[2], false, 2, 0}, {&a[3], true, 3, 0},
-                   {&a[4], false, 4, 0}, {&a[5], true, 5, 0}, {&b[0], true, 6, 1}},
-                  {"a0", "a1", "a2", "a3", "a4", "a5", "a6"});
+                   {&a[4], false, 4, 0}, {&a[5], true, 5, 0}, {&b[0], true, 6, 1}});
   CHECK(listing(dir) == std::vector<std::string>{"resume.h5"});
 }
 
@@ -325,6 +347,22 @@ TEST_CASE("bad entries, paths and files give the same error on every rank and wr
   CHECK(msg.find(other) != std::string::npos);
   CHECK(same);
 
+  // Another version, and a version-2 file without its flags' group.
+  const std::string v3 = dir.file("v3.h5"), nogroup = dir.file("nogroup.h5");
+  h5py(dir, "h5py.File('" + v3 + "', 'w').attrs['dlo_latents_version'] = 3");
+  h5py(dir, "h5py.File('" + nogroup + "', 'w').attrs['dlo_latents_version'] = 2");
+  msg = error_of([&] { LatentsFile f(dlo::test::world(), v3, good); }, &same);
+  CHECK(msg.find("latents file '" + v3 + "': written by a dlo with latents file version 3 (this one reads 1 and 2)") !=
+        std::string::npos);
+  CHECK(same);
+  msg = error_of([&] { LatentsFile f(dlo::test::world(), nogroup, good); }, &same);
+  CHECK(msg.find("latents file '" + nogroup + "': has no group /_complete") != std::string::npos);
+  CHECK(same);
+  if (rank() == 0) {
+    CHECK(error_of([&] { read_latents_entries(v3); }).find("latents file version 3") != std::string::npos);
+    CHECK(error_of([&] { read_latents_entries(nogroup); }).find("has no group /_complete") != std::string::npos);
+  }
+
   // Index errors.
   std::filesystem::path ok = dir.file("ok.h5");
   LatentsFile f(dlo::test::world(), ok, good);
@@ -336,6 +374,171 @@ TEST_CASE("bad entries, paths and files give the same error on every rank and wr
   CHECK(msg.find("writing entry 1 ('job-1'): no data") != std::string::npos);
   msg = error_of([&] { (void)f.complete(99); });
   CHECK(msg.find("out of range") != std::string::npos);
+}
+
+// N2: /_complete was one table that every open rebuilt from its own entries, so a writer's flag
+// landed in a table that another open had already replaced. Now each flag has its place.
+TEST_CASE("two opens with disjoint entries never rewrite each other's flags or data (the table rebuilt from one writer's view)") {
+  SharedDir dir(MPI_COMM_WORLD);
+  const std::string path = dir.file("shared.h5");
+  const int r = rank(), s = size();
+  std::vector<LatentsEntry> a, b;
+  for (int i = 0; i < 3; ++i) a.push_back(entry("a" + std::to_string(i), {2, 3, i + 1}, "fa" + std::to_string(i), {{"k", "a"}}));
+  for (int i = 0; i < 2; ++i) b.push_back(entry("b" + std::to_string(i), {4, i + 2}, "fb" + std::to_string(i), {{"k", "b"}}));
+  {
+    LatentsFile f(dlo::test::world(), path, a);
+    for (std::size_t i = 0; i < 2; ++i)  // a2 is left unwritten
+      if (static_cast<int>(i % s) == r) f.write(i, latents_values(i, 0, a[i].shape).data());
+  }
+  const json before = offsets(dir, path);
+  const std::string a01 = r == 0 ? raw_entry(path, before, "a0") + raw_entry(path, before, "a1") : "";
+  if (r == 0) CHECK(raw(path, before["a2"]["flag"]) == std::string(1, '\0'));
+  {
+    LatentsFile g(dlo::test::world(), path, b);
+    for (std::size_t i = 0; i < b.size(); ++i) CHECK_FALSE(g.complete(i));
+    // Meanwhile a2 is finished by a writer that opened the file before this open did (what the
+    // lock now prevents): its data, then its flag, where that open found them.
+    if (r == 0) {
+      const std::vector<float> v = latents_values(2, 0, a[2].shape);
+      std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(before["a2"]["data"][0].get<std::streamoff>());
+      io.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+      io.seekp(before["a2"]["flag"][0].get<std::streamoff>());
+      io.put('\1');
+      REQUIRE(io.flush());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if (static_cast<int>((i + 1) % s) == r) g.write(i, latents_values(10 + i, 1, b[i].shape).data());
+  }
+  // a0 and a1: the same bytes where they were; a2 complete with what its writer wrote.
+  const json after = offsets(dir, path);
+  for (const char* n : {"a0", "a1", "a2"}) CHECK(after[n] == before[n]);
+  if (r == 0) CHECK(raw_entry(path, after, "a0") + raw_entry(path, after, "a1") == a01);
+  check_with_h5py(dir, path,
+                  {{&a[0], true, 0, 0}, {&a[1], true, 1, 0}, {&a[2], true, 2, 0}, {&b[0], true, 10, 1}, {&b[1], true, 11, 1}});
+  // The first batch again: all of its entries complete; b's bytes untouched.
+  const std::string bs = r == 0 ? raw_entry(path, after, "b0") + raw_entry(path, after, "b1") : "";
+  {
+    LatentsFile f(dlo::test::world(), path, a);
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(f.complete(i));
+  }
+  const json last = offsets(dir, path);
+  CHECK(last == after);
+  if (r == 0) CHECK(raw_entry(path, last, "b0") + raw_entry(path, last, "b1") == bs);
+}
+
+TEST_CASE("a write cut off by the file system reads as incomplete: a rewrite clears the flag first, a flag follows its data") {
+  SharedDir dir(MPI_COMM_WORLD);
+  const std::string path = dir.file("cut.h5");
+  const int w = size() - 1;  // the rank that writes
+  // Over 1 MiB each: their data start at multiples of 1 MiB, after the (small) flags.
+  const std::vector<LatentsEntry> entries = {entry("c0", {1, 16, 2, 96, 96}, "fc0", {}),
+                                             entry("c1", {1, 16, 2, 96, 96}, "fc1", {})};
+  {
+    LatentsFile f(dlo::test::world(), path, entries);
+    if (rank() == w) f.write(0, latents_values(0, 0, entries[0].shape).data());
+  }
+  const json off = offsets(dir, path);
+  const std::int64_t c0 = off["c0"]["data"][0], c1 = off["c1"]["data"][0];
+  REQUIRE(c0 < c1);
+  REQUIRE(off["c0"]["flag"][0].get<std::int64_t>() < c0);
+  REQUIRE(off["c1"]["flag"][0].get<std::int64_t>() < c0);
+  constexpr std::int64_t kCut = 4096;  // bytes of c0's new data that reach the file
+  {
+    LatentsFile f(dlo::test::world(), path, entries);
+    REQUIRE(f.complete(0));
+    if (rank() == w) {
+      // No write may reach past c0's first kCut bytes (RLIMIT_FSIZE: EFBIG, a short write).
+      rlimit old{};
+      getrlimit(RLIMIT_FSIZE, &old);
+      const rlimit cut{static_cast<rlim_t>(c0 + kCut), old.rlim_max};
+      auto* handler = std::signal(SIGXFSZ, SIG_IGN);
+      REQUIRE(setrlimit(RLIMIT_FSIZE, &cut) == 0);
+      const std::string rewrite = error_of([&] { f.write(0, latents_values(0, 2, entries[0].shape).data()); });
+      const std::string first = error_of([&] { f.write(1, latents_values(1, 2, entries[1].shape).data()); });
+      REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
+      std::signal(SIGXFSZ, handler);
+      CHECK(rewrite.find("writing entry 0 ('c0')") != std::string::npos);
+      CHECK(first.find("writing entry 1 ('c1')") != std::string::npos);
+      CHECK_FALSE(f.complete(0));
+      CHECK_FALSE(f.complete(1));
+    }
+  }
+  // c0 holds new data up to the cut and old data after it: neither entry reads as complete.
+  if (rank() == 0) {
+    const std::vector<float> v0 = latents_values(0, 0, entries[0].shape), v2 = latents_values(0, 2, entries[0].shape);
+    const std::string data = raw(path, off["c0"]["data"]);
+    CHECK(data.compare(0, kCut, reinterpret_cast<const char*>(v2.data()), kCut) == 0);
+    CHECK(data.compare(kCut, std::string::npos, reinterpret_cast<const char*>(v0.data()) + kCut, data.size() - kCut) == 0);
+    const auto saved = read_latents_entries(path);
+    CHECK_FALSE(saved.at("c0").complete);
+    CHECK_FALSE(saved.at("c1").complete);
+  }
+  check_with_h5py(dir, path, {{&entries[0], false, 0, 0}, {&entries[1], false, 1, 0}});
+  LatentsFile f(dlo::test::world(), path, entries);
+  CHECK_FALSE(f.complete(0));
+  CHECK_FALSE(f.complete(1));
+}
+
+TEST_CASE("a version-1 file (one table of flags) is converted on open: each dataset's flag from the table") {
+  SharedDir dir(MPI_COMM_WORLD);
+  const std::string path = dir.file("v1.h5");
+  auto v_entry = [](const std::string& name, std::vector<std::int64_t> shape, const std::string& fp) {
+    return entry(name, std::move(shape), fp, {{"parameters_json", "{\"id\": \"" + name + "\"}"}});
+  };
+  const std::vector<LatentsEntry> old = {v_entry("v0", {2, 3}, "f0"), v_entry("v1", {4}, "f1"), v_entry("v2", {3}, "f2"),
+                                         v_entry("x8", {2}, "f8"), v_entry("x9", {1, 2}, "f9")};
+  const std::vector<int> index = {0, 1, 2, 8, 9};
+  // Written by h5py as dlo's version 1 wrote it; v1 and x8 cut off (flag 0), x9 not in this batch.
+  json spec = {{"path", path}, {"table", json::array({json::array({"v0", 1}), json::array({"v1", 0}),
+                                                        json::array({"x9", 1}), json::array({"v2", 1}),
+                                                        json::array({"x8", 0})})},
+               {"datasets", json::object()}};
+  for (std::size_t i = 0; i < old.size(); ++i)
+    spec["datasets"][old[i].name] = {{"shape", old[i].shape}, {"attrs", {{"parameters_json", old[i].attributes[0].second}}},
+                                     {"fingerprint", old[i].fingerprint}, {"index", index[i]}, {"gen", 0}};
+  const std::string spec_file = dir.file("v1.json");
+  if (rank() == 0) std::ofstream(spec_file) << spec.dump();
+  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " '" + DLO_TEST_LATENTS_CHECK + "' write-v1 '" + spec_file + "'", dir);
+  INFO(out);
+  REQUIRE(rc == 0);
+  // Resume reads version 1 as it is.
+  if (rank() == 0) {
+    const auto saved = read_latents_entries(path);
+    CHECK(saved.size() == 5);
+    for (const char* n : {"v0", "v2", "x9"}) CHECK(saved.at(n).complete);
+    for (const char* n : {"v1", "x8"}) CHECK_FALSE(saved.at(n).complete);
+    CHECK(saved.at("v2").fingerprint == "f2");
+  }
+  // This batch: v0 and v1 as they were, v2 of other parameters, v4 new.
+  const std::vector<LatentsEntry> now = {old[0], old[1], v_entry("v2", {3}, "f2-new"), v_entry("v4", {2, 2}, "f4")};
+  {
+    LatentsFile f(dlo::test::world(), path, now);
+    const std::vector<bool> want = {true, false, false, false};
+    for (std::size_t i = 0; i < now.size(); ++i) CHECK(f.complete(i) == want[i]);
+    std::size_t k = 0;
+    for (std::size_t i = 1; i < now.size(); ++i)
+      if (static_cast<int>(k++ % size()) == rank()) f.write(i, latents_values(i + 20, 1, now[i].shape).data());
+  }
+  const std::vector<Expect> expect = {{&now[0], true, 0, 0},  {&now[1], true, 21, 1}, {&now[2], true, 22, 1},
+                                      {&now[3], true, 23, 1}, {&old[3], false, 8, 0}, {&old[4], true, 9, 0}};
+  check_with_h5py(dir, path, expect);
+  if (rank() == 0) {
+    const auto saved = read_latents_entries(path);
+    CHECK(saved.size() == 6);
+    for (const char* n : {"v0", "v1", "v2", "v4", "x9"}) CHECK(saved.at(n).complete);
+    CHECK_FALSE(saved.at("x8").complete);
+    CHECK(saved.at("v2").fingerprint == "f2-new");
+  }
+  // Converted once: the next open changes nothing.
+  const json converted = offsets(dir, path);
+  {
+    LatentsFile f(dlo::test::world(), path, now);
+    for (std::size_t i = 0; i < now.size(); ++i) CHECK(f.complete(i));
+  }
+  CHECK(offsets(dir, path) == converted);
+  check_with_h5py(dir, path, expect);
 }
 
 int main(int argc, char** argv) {

@@ -64,11 +64,12 @@ void check_hdf5_signature(const std::string& resolved) {
 constexpr const char* kFlags = "_complete";
 constexpr const char* kFingerprint = "fingerprint";
 constexpr const char* kVersionAttr = "dlo_latents_version";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;
 constexpr const char* kLayout =
     "One float32 dataset per entry (C order) with string attributes, among them 'fingerprint'. "
-    "/_complete[i] == 1 where the dataset named /_complete.attrs['names'][i] holds complete data; "
-    "0 where it was never written or its writing was cut off (trust only datasets whose flag is 1).";
+    "/_complete/NAME (uint8, a scalar) == 1 where the dataset /NAME holds complete data; 0 where it "
+    "was never written or its writing was cut off; a dataset without one is incomplete (trust only "
+    "datasets whose flag is 1).";
 // Data sets of at least this size start at a multiple of it, so ranks writing different entries
 // never share a file-system block or stripe (Lustre's default stripe is 1 MiB).
 constexpr hsize_t kAlignment = 1 << 20;
@@ -321,8 +322,8 @@ bool reusable(hid_t ds, const LatentsEntry& e) {
   return read_string_attribute(ds, kFingerprint, &fp) && fp == e.fingerprint;
 }
 
-// Throws unless `file` is a latents file this class wrote, of this version.
-void check_ours(hid_t file) {
+// The version of a latents file this class wrote (1 or 2); throws for any other file.
+int latents_version(hid_t file) {
   int version = 0;
   const bool ours = H5Aexists(file, kVersionAttr) > 0 && [&] {
     Id a(H5Aopen(file, kVersionAttr, H5P_DEFAULT), H5Aclose);
@@ -331,16 +332,16 @@ void check_ours(hid_t file) {
   H5Eclear2(H5E_DEFAULT);
   DLO_CHECK(ours, "an HDF5 file that dlo did not write (no root attribute '", kVersionAttr,
             "'); refusing to change it: choose another file or remove it");
-  DLO_CHECK(version == kVersion, "written by a dlo with latents file version ", version, " (this one reads ", kVersion,
-            "); choose another file or remove it");
+  DLO_CHECK(version == 1 || version == kVersion, "written by a dlo with latents file version ", version,
+            " (this one reads 1 and ", kVersion, "); choose another file or remove it");
+  return version;
 }
 
-// The flags of /_complete by name (1: complete). A /_complete that does not read back cleanly
-// counts as all 0. *had: whether there is one.
-std::map<std::string, int> read_flags(hid_t file, bool* had) {
+// Version 1: the flags of the table /_complete by name (1: complete). A /_complete that does not
+// read back as a table counts as all 0.
+std::map<std::string, int> read_table_flags(hid_t file) {
   std::map<std::string, int> old_flags;
-  *had = H5Lexists(file, kFlags, H5P_DEFAULT) > 0;
-  if (*had) {
+  if (H5Lexists(file, kFlags, H5P_DEFAULT) > 0) {
     Id ds(H5Dopen2(file, kFlags, H5P_DEFAULT), H5Dclose);
     Id space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
     Id attr(ds.ok() && H5Aexists(ds.get(), "names") > 0 ? H5Aopen(ds.get(), "names", H5P_DEFAULT) : -1, H5Aclose);
@@ -366,22 +367,79 @@ std::map<std::string, int> read_flags(hid_t file, bool* had) {
   return old_flags;
 }
 
-// The reading of an existing file (the same reads on every rank): what every rank then does.
-//   {"had_flags": bool, "entries": [{"do": "keep"|"attrs"|"create"|"replace", "old": [names], "flag": 0|1}],
-//    "extras": [{"name": ..., "flag": 0|1}]}
-nlohmann::json make_plan(hid_t file, const std::vector<LatentsEntry>& entries, bool existing) {
-  nlohmann::json plan = {{"had_flags", false}, {"entries", nlohmann::json::array()}, {"extras", nlohmann::json::array()}};
-  std::map<std::string, int> old_flags;
-  if (existing) {
-    check_ours(file);
-    bool had = false;
-    old_flags = read_flags(file, &had);
-    plan["had_flags"] = had;
+// Version 2: the group /_complete; throws if there is none.
+Id open_flag_group(hid_t file) {
+  H5O_info_t info{};
+  const bool group = H5Lexists(file, kFlags, H5P_DEFAULT) > 0 &&
+                     H5Oget_info_by_name2(file, kFlags, &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0 &&
+                     info.type == H5O_TYPE_GROUP;
+  H5Eclear2(H5E_DEFAULT);
+  DLO_CHECK(group, "has no group /_complete (damaged, e.g. by a batch killed while opening it); remove it to start "
+                   "afresh");
+  return checked(H5Gopen2(file, kFlags, H5P_DEFAULT), H5Gclose, "opening /_complete");
+}
+
+// Version 2: the flag /_complete/<name>: 1 or 0 (any byte but 1); -1 where there is none; -2 where
+// what is there is not a flag (a contiguous, allocated uint8 scalar).
+int read_flag(hid_t group, const std::string& name) {
+  if (H5Lexists(group, name.c_str(), H5P_DEFAULT) <= 0) return H5Eclear2(H5E_DEFAULT), -1;
+  int flag = -2;
+  H5O_info_t info{};
+  if (H5Oget_info_by_name2(group, name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0 &&
+      info.type == H5O_TYPE_DATASET) {
+    Id ds(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
+    Id type(ds.ok() ? H5Dget_type(ds.get()) : -1, H5Tclose);
+    Id space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
+    Id dcpl(ds.ok() ? H5Dget_create_plist(ds.get()) : -1, H5Pclose);
+    H5D_space_status_t status{};
+    unsigned char byte = 0;
+    if (type.ok() && space.ok() && dcpl.ok() && H5Tequal(type.get(), H5T_STD_U8LE) > 0 &&
+        H5Sget_simple_extent_type(space.get()) == H5S_SCALAR && H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS &&
+        H5Dget_space_status(ds.get(), &status) >= 0 && status == H5D_SPACE_STATUS_ALLOCATED &&
+        H5Dread(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, &byte) >= 0)
+      flag = byte == 1;
   }
+  H5Eclear2(H5E_DEFAULT);
+  return flag;
+}
+
+// The root group's datasets, /_complete aside, by name.
+std::vector<std::string> root_datasets(hid_t file) {
+  std::vector<std::string> links, out;
+  hsize_t idx = 0;
+  check_h5(H5Literate(file, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &links), "listing the root group");
+  for (const std::string& n : links) {
+    H5O_info_t info{};
+    if (n != kFlags && H5Oget_info_by_name2(file, n.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0 &&
+        info.type == H5O_TYPE_DATASET)
+      out.push_back(n);
+  }
+  H5Eclear2(H5E_DEFAULT);
+  return out;
+}
+
+// The reading of an existing file (the same reads on every rank): what every rank then does.
+//   {"version": 0 (a new file) | 1 (converted here) | 2,
+//    "entries": [{"do": "keep"|"attrs"|"create"|"replace", "old": [names], "flag": 0|1,
+//                 "renew": bool, "drop": bool}],
+//    "extras": [{"name": ..., "flag": 0|1}]}
+// "renew": the entry's flag is created (with value "flag"; 1 only for kept data of a version-1
+// file whose table says so), "drop": an old one is deleted first. "extras": version 1 only, the
+// file's other datasets, whose flags move from the table into the group; version 2 leaves them.
+nlohmann::json make_plan(hid_t file, const std::vector<LatentsEntry>& entries, bool existing) {
+  nlohmann::json plan = {{"version", 0}, {"entries", nlohmann::json::array()}, {"extras", nlohmann::json::array()}};
+  const int version = existing ? latents_version(file) : 0;
+  plan["version"] = version;
+  std::map<std::string, int> table;  // version 1
+  Id group;                          // version 2
+  if (version == 1) table = read_table_flags(file);
+  if (version == 2) group = open_flag_group(file);
   std::set<std::string> wanted;
   for (const LatentsEntry& e : entries) {
     wanted.insert(e.name);
-    nlohmann::json step = {{"do", "create"}, {"flag", 0}};
+    nlohmann::json step = {{"do", "create"}, {"flag", 0}, {"renew", true}, {"drop", false}};
+    const int flag = group.ok() ? read_flag(group.get(), e.name) : -1;
+    step["drop"] = flag != -1;
     if (existing && H5Lexists(file, e.name.c_str(), H5P_DEFAULT) > 0) {
       step["do"] = "replace";
       H5O_info_t info{};
@@ -390,7 +448,9 @@ nlohmann::json make_plan(hid_t file, const std::vector<LatentsEntry>& entries, b
           info.type == H5O_TYPE_DATASET)
         ds = Id(H5Dopen2(file, e.name.c_str(), H5P_DEFAULT), H5Dclose);
       if (ds.ok() && reusable(ds.get(), e)) {
-        step["flag"] = old_flags.count(e.name) ? old_flags[e.name] : 0;
+        if (version == 1) step["flag"] = table.count(e.name) ? table[e.name] : 0;
+        // A kept dataset keeps its flag as it is, unless it has none that reads as one.
+        if (flag >= 0) step["flag"] = flag, step["renew"] = false, step["drop"] = false;
         // The other attributes: kept when equal, else all rewritten.
         std::vector<std::string> names;
         H5Aiterate2(ds.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_name, &names);
@@ -409,14 +469,9 @@ nlohmann::json make_plan(hid_t file, const std::vector<LatentsEntry>& entries, b
     }
     plan["entries"].push_back(step);
   }
-  if (existing) {
-    std::vector<std::string> links;
-    hsize_t idx = 0;
-    check_h5(H5Literate(file, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &links), "listing the root group");
-    for (const std::string& n : links)
-      if (n != kFlags && !wanted.count(n))
-        plan["extras"].push_back({{"name", n}, {"flag", old_flags.count(n) ? old_flags[n] : 0}});
-  }
+  if (version == 1)
+    for (const std::string& n : root_datasets(file))
+      if (!wanted.count(n)) plan["extras"].push_back({{"name", n}, {"flag", table.count(n) ? table[n] : 0}});
   return plan;
 }
 
@@ -494,29 +549,52 @@ LatentsFile::LatentsFile(const MpiWorld& world, const std::string& path, const s
     // Every rank: the same metadata operations in the same order. An error stops this rank's
     // sequence; the others find out at agree() below (HDF5 itself reports per rank).
     datasets_.assign(entries_.size(), -1);
+    flags_.assign(entries_.size(), -1);
     complete_.assign(entries_.size(), 0);
     err = error_of([&] {
       const hid_t f = file_;
-      if (!existing) {
-        Id space = checked(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
-        Id a = checked(H5Acreate2(f, kVersionAttr, H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-                       "creating the version attribute");
-        check_h5(H5Awrite(a.get(), H5T_NATIVE_INT, &kVersion), "writing the version attribute");
-        write_string_attribute(f, "layout", kLayout);
-      }
-      if (plan["had_flags"].get<bool>()) {
-        // The old flags go first, and reach the disk before any dataset changes: a batch killed
-        // from here on re-renders every entry rather than trusting a flag of replaced data.
-        check_h5(H5Ldelete(f, kFlags, H5P_DEFAULT), "deleting the old /_complete");
-        check_h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush");
-      }
+      const int version = plan["version"];
+      // Flags that go (version 1's table; those of entries whose data are replaced) are deleted
+      // on disk before any dataset changes: a batch killed from here on re-renders those entries
+      // rather than trusting a flag of replaced data.
+      bool dropped = false;
+      if (version == 1 && H5Lexists(f, kFlags, H5P_DEFAULT) > 0)
+        check_h5(H5Ldelete(f, kFlags, H5P_DEFAULT), "deleting version 1's /_complete"), dropped = true;
+      Id group = version == 2 ? checked(H5Gopen2(f, kFlags, H5P_DEFAULT), H5Gclose, "opening /_complete")
+                              : checked(H5Gcreate2(f, kFlags, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+                                        "creating /_complete");
+      for (std::size_t i = 0; i < entries_.size(); ++i)
+        if (plan["entries"][i]["drop"].get<bool>())
+          check_h5(H5Ldelete(group.get(), entries_[i].name.c_str(), H5P_DEFAULT),
+                   "deleting the old flag of '" + entries_[i].name + "'"),
+              dropped = true;
+      if (dropped) check_h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush");
       Id dcpl = dataset_creation(false);
+      Id fcpl = dataset_creation(true);
       Id lcpl = utf8_names(H5P_LINK_CREATE);
+      Id scalar = checked(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
+      // A new flag (0, written at creation); `value` 1 is written by rank 0 alone (independent).
+      auto new_flag = [&](const std::string& name, int value) {
+        Id ds = checked(H5Dcreate2(group.get(), name.c_str(), H5T_STD_U8LE, scalar.get(), lcpl.get(), fcpl.get(),
+                                   H5P_DEFAULT),
+                        H5Dclose, "creating the flag of '" + name + "'");
+        const unsigned char one = 1;
+        if (value == 1 && rank_ == 0)
+          check_h5(H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, &one),
+                   "writing the flag of '" + name + "'");
+        return ds;
+      };
       for (std::size_t i = 0; i < entries_.size(); ++i) {
         const LatentsEntry& e = entries_[i];
         const nlohmann::json& step = plan["entries"][i];
         const std::string what = step["do"];
         const std::string dname = "dataset '" + e.name + "'";
+        // The flag before the data: its storage (small) comes before the data's in the file.
+        flags_[i] = step["renew"].get<bool>()
+                        ? new_flag(e.name, step["flag"].get<int>()).release()
+                        : checked(H5Dopen2(group.get(), e.name.c_str(), H5P_DEFAULT), H5Dclose,
+                                  "opening the flag of '" + e.name + "'")
+                              .release();
         Id ds;
         if (what == "keep" || what == "attrs") {
           ds = checked(H5Dopen2(f, e.name.c_str(), H5P_DEFAULT), H5Dclose, "opening " + dname);
@@ -538,30 +616,17 @@ LatentsFile::LatentsFile(const MpiWorld& world, const std::string& path, const s
             with_context(dname, [&] { write_string_attribute(ds.get(), k, v); });
         datasets_[i] = ds.release();
       }
-      // The new /_complete: this open's entries in order, then the file's other datasets.
-      std::vector<std::string> names;
-      std::vector<unsigned char> flags(complete_.begin(), complete_.end());
-      for (const LatentsEntry& e : entries_) names.push_back(e.name);
-      for (const nlohmann::json& x : plan["extras"]) {
-        names.push_back(x["name"]);
-        flags.push_back(static_cast<unsigned char>(x["flag"].get<int>()));
+      for (const nlohmann::json& x : plan["extras"]) new_flag(x["name"].get<std::string>(), x["flag"].get<int>());
+      if (version != kVersion) {
+        if (version == 1) {
+          check_h5(H5Adelete(f, kVersionAttr), "deleting version 1's version attribute");
+          if (H5Aexists(f, "layout") > 0) check_h5(H5Adelete(f, "layout"), "deleting version 1's layout attribute");
+        }
+        Id a = checked(H5Acreate2(f, kVersionAttr, H5T_STD_I32LE, scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                       "creating the version attribute");
+        check_h5(H5Awrite(a.get(), H5T_NATIVE_INT, &kVersion), "writing the version attribute");
+        write_string_attribute(f, "layout", kLayout);
       }
-      const hsize_t n = names.size();
-      Id fcpl = dataset_creation(true);
-      Id space = checked(H5Screate_simple(1, &n, nullptr), H5Sclose, "H5Screate_simple");
-      Id ds = checked(H5Dcreate2(f, kFlags, H5T_STD_U8LE, space.get(), H5P_DEFAULT, fcpl.get(), H5P_DEFAULT), H5Dclose,
-                      "creating /_complete");
-      Id type = string_type();
-      Id a = checked(H5Acreate2(ds.get(), "names", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-                     "creating /_complete's names");
-      std::vector<const char*> p;
-      for (const std::string& s : names) p.push_back(s.c_str());
-      check_h5(H5Awrite(a.get(), type.get(), p.data()), "writing /_complete's names");
-      // Raw data: rank 0 alone (independent), into storage allocated (and zero-filled) at creation.
-      if (rank_ == 0 && std::count(flags.begin(), flags.end(), 1) > 0)
-        check_h5(H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, flags.data()),
-                 "writing /_complete");
-      flags_ = ds.release();
     });
     agree(world_, err.empty() ? "" : ctx + ": " + err);
     err = error_of([&] { check_h5(H5Fflush(file_, H5F_SCOPE_GLOBAL), "H5Fflush"); });
@@ -588,7 +653,8 @@ LatentsFile::LatentsFile(const MpiWorld& world, const std::string& path, const s
 void LatentsFile::close_all() noexcept {
   for (std::int64_t& d : datasets_)
     if (d >= 0) H5Dclose(d), d = -1;
-  if (flags_ >= 0) H5Dclose(flags_), flags_ = -1;
+  for (std::int64_t& d : flags_)
+    if (d >= 0) H5Dclose(d), d = -1;
   if (file_ >= 0) H5Fclose(file_), file_ = -1;
   H5Eclear2(H5E_DEFAULT);
   if (comm_handle_ >= 0) MpiWorld::free_comm(comm_handle_), comm_handle_ = -1;
@@ -607,11 +673,7 @@ void LatentsFile::write(std::size_t index, const float* data) {
   const std::string ctx = "latents file '" + path_ + "': writing entry " + std::to_string(index) + " ('" + e.name + "')";
   DLO_CHECK(data != nullptr, ctx, ": no data");
   auto set_flag = [&](unsigned char v) {
-    const hsize_t one = 1, at = index;
-    Id mem = checked(H5Screate_simple(1, &one, nullptr), H5Sclose, "H5Screate_simple");
-    Id file_space = checked(H5Dget_space(flags_), H5Sclose, "H5Dget_space");
-    check_h5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &at, nullptr, &one, nullptr), "H5Sselect_hyperslab");
-    check_h5(H5Dwrite(flags_, H5T_NATIVE_UINT8, mem.get(), file_space.get(), H5P_DEFAULT, &v), "writing its flag");
+    check_h5(H5Dwrite(flags_[index], H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, &v), "writing its flag");
   };
   with_context(ctx, [&] {
     // Flag down (it may be up from an earlier run or another rank), data, flag up: a write cut
@@ -652,23 +714,17 @@ std::map<std::string, SavedLatentsEntry> read_latents_entries(const std::string&
     check_hdf5_signature(resolved);
     Id file(H5Fopen(resolved.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     DLO_CHECK(file.ok(), "cannot open it: ", hdf5_error());
-    check_ours(file.get());
-    bool had = false;
-    const std::map<std::string, int> flags = read_flags(file.get(), &had);
-    std::vector<std::string> links;
-    hsize_t idx = 0;
-    check_h5(H5Literate(file.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &links), "listing the root group");
-    for (const std::string& n : links) {
-      if (n == kFlags) continue;
-      H5O_info_t info{};
-      if (H5Oget_info_by_name2(file.get(), n.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0 ||
-          info.type != H5O_TYPE_DATASET)
-        continue;
+    const int version = latents_version(file.get());
+    std::map<std::string, int> table;  // version 1
+    Id group;                          // version 2
+    if (version == 1) table = read_table_flags(file.get());
+    if (version == 2) group = open_flag_group(file.get());
+    for (const std::string& n : root_datasets(file.get())) {
       Id ds(H5Dopen2(file.get(), n.c_str(), H5P_DEFAULT), H5Dclose);
       SavedLatentsEntry e;
       if (ds.ok()) read_string_attribute(ds.get(), kFingerprint, &e.fingerprint);
-      const auto f = flags.find(n);
-      e.complete = f != flags.end() && f->second == 1 && !e.fingerprint.empty();
+      const int flag = group.ok() ? read_flag(group.get(), n) : table.count(n) ? table[n] : 0;
+      e.complete = flag == 1 && !e.fingerprint.empty();
       out[n] = e;
     }
     H5Eclear2(H5E_DEFAULT);

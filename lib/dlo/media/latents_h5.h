@@ -4,19 +4,25 @@
 // that travel to a bare GPU machine (which link `dlo`) do not need it. It uses the HDF5 C API of
 // Debian's parallel build (libhdf5-openmpi).
 //
-// The file, as h5py sees it:
+// The file, as h5py sees it (version 2):
 //   /<name>              one float32 dataset per entry (contiguous, little-endian, C order), with
 //                        the entry's string attributes and "fingerprint" (all UTF-8 strings);
-//   /_complete           uint8[n]: 1 where the dataset named by its attribute "names"[i] holds
-//                        complete data, 0 where it was never written or its writing was cut off.
-//                        The entries of the last open come first, in their order; datasets found
-//                        in the file but not among those entries follow, with their flags kept;
-//   root attributes      "dlo_latents_version" (int, 1) and "layout" (a sentence saying the above).
+//   /_complete/<name>    the entry's completion flag: a uint8 scalar dataset (contiguous), 1 where
+//                        /<name> holds complete data, 0 where it was never written or its writing
+//                        was cut off. A dataset without a flag counts as incomplete;
+//   root attributes      "dlo_latents_version" (int, 2) and "layout" (a sentence saying the above).
 //   A reader trusts a dataset only where its flag is 1:
-//     names = list(f["_complete"].attrs["names"]); done = dict(zip(names, f["_complete"][:]))
+//     done = {n: int(d[()]) for n, d in f["_complete"].items()}
+// Each flag is created with its entry's dataset (0, in the constructor, as metadata) and from then
+// on only written in place, as one raw byte, by whoever writes that entry (write()). An open never
+// rewrites the flag of a dataset that is not among its entries, and of its own entries only those
+// whose data it replaces (or whose flag is missing or not a uint8 scalar). Version 1 (one table
+// /_complete, uint8[n], names in its attribute "names") is converted to version 2 when a
+// LatentsFile opens it: each dataset's flag is taken from the table (the caller's lock makes that
+// the only writer), the table is deleted first; read_latents_entries() reads both versions.
 //
 // What a killed batch leaves (a rank SIGKILLed, MPI_Abort, a node lost). Every metadata change
-// (datasets, attributes, /_complete, storage allocated in full) happens in the constructor, which
+// (datasets, flags, attributes, storage allocated in full) happens in the constructor, which
 // ends with a collective flush; after that the only changes are raw bytes written in place. So
 // once the constructor has returned on every rank, the file on disk is a valid HDF5 file whatever
 // happens to the processes, and for each entry either its flag is 0, or its data were written
@@ -27,9 +33,11 @@
 // the data; flush() (MPI_File_sync) at the lead's checkpoints bounds that. A resumed run re-renders
 // every entry whose flag is 0. A new file is built under a temporary name in the same folder and
 // renamed into place at the end of the constructor, so a batch killed while creating the file
-// leaves no file under the final name (only a stray ".NAME.tmp-HOST-PID-N" beside it). A batch killed inside the constructor of a resumed file
-// (deleting or creating datasets in place; HDF5 1.10 has no journal) can leave the file
-// unreadable: the constructor then throws naming the file, and deleting it starts afresh.
+// leaves no file under the final name (only a stray ".NAME.tmp-HOST-PID-N" beside it). The flags
+// of entries whose data an open replaces (and version 1's table) are deleted and flushed before
+// any data changes. A batch killed inside the constructor of a resumed file (deleting or creating
+// datasets in place; HDF5 1.10 has no journal) can leave the file unreadable: the constructor
+// then throws naming the file, and deleting it starts afresh.
 //
 // File systems: MPI-IO needs a file system that every rank sees coherently: a local disk for one
 // node; Lustre, GPFS or BeeGFS across nodes. NFS (a note; not tested here): Open MPI 4.1's MPI-IO
@@ -41,10 +49,10 @@
 // caching, a rank on another node may read stale metadata when the file is opened: the ranks'
 // plans then differ and the constructor fails on every rank rather than diverge. HDF5's own file
 // locking is not used by the MPI-IO driver, so this class does not stop two batches from opening
-// one file at once, and the second would rebuild /_complete from its own view: a caller that may
-// share a file holds a lock on it for as long as it is open (dlo-generate: a FolderLock beside it,
-// FILE.lock, taken before the file is read for resume). Under that lock /_complete is rebuilt
-// only here, from the flags in the file; every later change is one entry's flag.
+// one file at once (their metadata changes could corrupt it): a caller that may share a file
+// holds a lock on it for as long as it is open (dlo-generate: a FolderLock beside it, FILE.lock,
+// taken before the file is read for resume). One after the other, opens with disjoint entries
+// never touch each other's data or flags.
 //
 // Space: HDF5 1.10 does not give back the space of a deleted dataset in a later session, so a
 // resumed batch that replaces datasets grows the file by their size (h5repack compacts it).
@@ -87,7 +95,8 @@ class LatentsFile {
   // attribute "dlo_latents_version"); then an entry's dataset is kept with its data and flag if its
   // shape, type (float32) and "fingerprint" match, its other attributes being rewritten where they
   // differ; a dataset that differs is deleted and created anew (flag 0); missing ones are created
-  // (flag 0); datasets of the file that are not among the entries are left as they are. Every rank
+  // (flag 0); datasets of the file that are not among the entries, and their flags, are left as
+  // they are. A version-1 file is converted to version 2 (see above). Every rank
   // reads the file the same way and decides; the decisions are compared (a rank that reads the
   // file differently, as on an incoherent file system, is an error on every rank), so every rank
   // does the same metadata operations. Storage is allocated at creation (no fill value written). Ends with a collective
@@ -101,7 +110,7 @@ class LatentsFile {
 
   // Independent (any rank, any time, whatever the others are doing): writes entry `index`'s data
   // (float32, entries[index].shape, C order; `data` holds that many floats) and then sets its flag
-  // in /_complete. Writing an entry again (by this or another rank) is allowed: its flag is
+  // /_complete/<name>. Writing an entry again (by this or another rank) is allowed: its flag is
   // cleared first, so a write cut off halfway never reads as complete. Two ranks must not write
   // the same entry concurrently. Throws dlo::Error naming the file and the entry.
   void write(std::size_t index, const float* data);
@@ -127,7 +136,7 @@ class LatentsFile {
   std::vector<LatentsEntry> entries_;
   std::vector<unsigned char> complete_;  // per entry
   std::int64_t file_ = -1;               // hid_t
-  std::int64_t flags_ = -1;              // hid_t of /_complete
+  std::vector<std::int64_t> flags_;      // hid_t per entry: /_complete/<name>
   std::vector<std::int64_t> datasets_;   // hid_t per entry
 };
 
@@ -141,7 +150,8 @@ struct SavedLatentsEntry {
 // Not collective (one process, no MPI-IO; before the ranks open the file): the datasets of the
 // latents file at `path` (a symbolic link followed) by name. Empty when there is no file yet.
 // Throws dlo::Error naming the file when it is something LatentsFile would refuse to open (not an
-// HDF5 file, one dlo did not write, another version, unreadable). Reads only metadata.
+// HDF5 file, one dlo did not write, another version, unreadable). Reads metadata and the flags;
+// reads version 1 as it is (a LatentsFile converts it).
 std::map<std::string, SavedLatentsEntry> read_latents_entries(const std::string& path);
 
 }  // namespace dlo
