@@ -93,9 +93,10 @@ MUTANTS=$(cat <<'EOF'
 56|lib/dlo/pipeline/batch_plan.cpp|V1: a batch's impossible topology found only after its output folder and results.jsonl exist|"  if (problems.empty() && o.ranks > 0) {"|"  if (problems.empty() && o.ranks > 1 << 30) {"
 57|lib/dlo/pipeline/batch_plan.cpp|V6: a recovered job's results line without its frames' hash|"  r.frames_sha256 = frames_sha256;\n"|""
 58|lib/dlo/media/video_writer.cpp|V6: an MP4 loses the tags finish() adds (the frames' hash recovery reads)|"      for (const auto& [k, v] : late_tags) av_dict_set(&fmt->metadata, k.c_str(), v.c_str(), 0);"|"      for (const auto& [k, v] : late_tags) (void)k, (void)v;"
+59|lib/dlo/app/generate_cli.cpp|N5: a second name (hard link) of a latents file in use gets round its lock|" || st.st_nlink == 1, \"--save-latents: '\""|" || st.st_nlink >= 1, \"--save-latents: '\""
 60|lib/dlo/common/folder_lock.cpp|N1: the lock file read as a stream whatever it is (a FIFO blocks the open for ever, /dev/zero is read until memory runs out)|"const std::string held = read_lock(path_, &exists);"|"std::ifstream held_in(path_, std::ios::binary);\n    exists = static_cast<bool>(held_in);\n    const std::string held((std::istreambuf_iterator<char>(held_in)), std::istreambuf_iterator<char>());"
 61|lib/dlo/common/folder_lock.cpp|V8: a holder in another PID namespace of this host judged by its pid here (its live lock taken over)|"  if (!h.pid_ns.empty() && !me.pid_ns.empty() && h.pid_ns != me.pid_ns) return age_s > kStaleAfterS;\n"|""
-62|lib/dlo/app/generate_cli.cpp|N2: the latents file not locked (two batches write one file; one's flags are lost; mpi label)|"    if (!o.latents.empty())\n      latents_lock.emplace("|"    if (false)\n      latents_lock.emplace("
+62|lib/dlo/app/generate_cli.cpp|N2: the latents file not locked (two batches write one file; one's flags are lost; mpi label)|"    latents_lock.emplace(path_folder(file)"|"    if (false) latents_lock.emplace(path_folder(file)"
 63|lib/dlo/pipeline/batch_plan.cpp|N2: resume skips a done job whose latents entry is missing or unflagged|"      if (!latents_kept) return r.render.push_back(ji);"|""
 64|lib/dlo/pipeline/batch_plan.cpp|V11: a job whose id names another job's complete latents renders and replaces them|"const bool latents_other = saved && saved->complete && saved->fingerprint != fingerprints[i];"|"const bool latents_other = false;"
 65|lib/dlo/common/folder_lock.cpp|V16: a held lock never notices its folder removed (the batch denoises every remaining job)|"if (holds_text(path_.c_str(), text_.data(), text_.size())) return;"|"return;"
@@ -156,7 +157,8 @@ git -C "$ROOT" archive HEAD | tar -x -C "$SRC"
 (cd "$SRC" && tools/setup.sh --all >"$LOGS/setup.log" 2>&1) || { tail -30 "$LOGS/setup.log"; exit 1; }
 
 run_tests() {  # $1: log file; returns ctest's status
-  ctest --test-dir "$SRC/build" -L "$LABELS" -j2 --timeout 240 >"$1" 2>&1 </dev/null  # mpirun reads stdin
+  # Not the test of this table (every mutant changes its text, so it would "catch" every one).
+  ctest --test-dir "$SRC/build" -L "$LABELS" -E '^mutation check: ' -j2 --timeout 240 >"$1" 2>&1 </dev/null  # mpirun reads stdin
 }
 echo "baseline (no mutant): building and running..."
 if ! run_tests "$LOGS/baseline.log"; then

@@ -77,8 +77,10 @@ expect 2 "$T/b1p.log" "${GEN[@]}" --model "$T/m" --prompt x --steps 1 --height 3
 grep -q "jobs.yaml' exists and is not an MP4 file" "$T/b1p.log" || fail "--out onto a YAML: $(cat "$T/b1p.log")"
 expect 2 "$T/b1q.log" "${GEN[@]}" --model "$T/m" --prompt x --steps 1 --height 32 --width 48 --frames 5 --out "$T/m/vae/x.mp4"
 grep -q -- "--out: .* is inside the model folder" "$T/b1q.log" || fail "--out into the model: $(cat "$T/b1q.log")"
+expect 2 "$T/b1r.log" "${GEN[@]}" --model "$T/m" --prompt x --steps 1 --height 32 --width 48 --frames 5 --out "$T/b1/noext"
+grep -qF -- "--out: '$T/b1/noext' has no extension (a mp4 video: e.g. 'noext.mp4')" "$T/b1r.log" || fail "--out without an extension: $(cat "$T/b1r.log")"
 [ "$before" = "$(tree_sum "$T/m") $(tree_sum "$T/b1")" ] || fail "outputs: --out changed a file"
-echo "ok: outputs onto the manifest, the model folder, foreign files or 'a.mp4/' are refused (exit 2), nothing changed"
+echo "ok: outputs onto the manifest, the model folder, foreign files, 'a.mp4/' or without an extension (--out too) are refused (exit 2), nothing changed"
 
 # ---- 2. every problem in one run
 cat >"$T/both.yaml" <<EOF

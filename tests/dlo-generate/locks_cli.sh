@@ -5,7 +5,9 @@
 #     ranks; before, a FIFO hung the batch for ever and /dev/zero was read until memory ran out;
 #  2. N2: a second batch given the latents file of a batch that runs is refused (exit 2, naming
 #     the file and its lock FILE.h5.lock); the first batch's flags are all set; before, both ran
-#     and one batch's flags (or datasets) were lost; a second SIGTERM removes both locks;
+#     and one batch's flags (or datasets) were lost; the refused batch makes no output folder; a
+#     hard link to the file is refused (its lock would not cover it: N5 of the rerun); a second
+#     SIGTERM removes both locks;
 #  3. resume reads the latents file: a done job whose entry lost its flag renders again, alone;
 #     a batch whose ids name another job's complete entries is refused as changed (V11), a latents
 #     file inside the model folder is refused (V11);
@@ -74,10 +76,17 @@ expect 2 "$T/B.log" "${GEN[@]}" --jobs "$T/b.yaml" --output-dir "$T/B" --save-la
 grep -qF "the latents file '$T/lat.h5' is in use by another run (host $(hostname), pid $apid" "$T/B.log" \
   || fail "second batch on the latents file: $(cat "$T/B.log")"
 grep -qF "lock file '$T/lat.h5.lock'" "$T/B.log" || fail "the latents lock not named: $(cat "$T/B.log")"
+[ ! -e "$T/B" ] || fail "the batch refused for its latents file left its output folder behind"
+# The lock is named after the path: a second name (a hard link) of the file is refused (probe N5).
+ln "$T/lat.h5" "$T/other.h5"
+expect 2 "$T/N5.log" "${GEN[@]}" --jobs "$T/b.yaml" --output-dir "$T/B" --save-latents "$T/other.h5"
+grep -qF -- "--save-latents: '$T/other.h5' has 2 hard links" "$T/N5.log" || fail "a hard link to the latents file: $(cat "$T/N5.log")"
+[ ! -e "$T/B" ] && [ ! -e "$T/other.h5.lock" ] || fail "the batch refused for a hard link wrote something"
+rm "$T/other.h5"
 wait $apid || fail "batch A: exit $?: $(cat "$T/A.log")"
 [ "$(flags "$T/lat.h5")" = "a0=1 a1=1 a2=1" ] || fail "batch A's flags: $(flags "$T/lat.h5")"
 [ ! -e "$T/lat.h5.lock" ] || fail "the latents lock was left behind"
-echo "ok: a second batch on a latents file in use is refused (exit 2, named); the first's flags all set, its lock removed"
+echo "ok: a second batch on a latents file in use, or on a hard link to it, is refused (exit 2, named, no folder made); the first's flags all set, its lock removed"
 
 # Both locks go when a second signal ends the batch at once (1 rank: _Exit; 2 ranks: MPI_Abort).
 for np in 1 2; do

@@ -1,5 +1,7 @@
 #include "dlo/app/generate_cli.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -112,6 +114,11 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& 
   if (a.count("out")) {
     const std::string why = output_name_problem(job.output);
     DLO_CHECK(why.empty(), "--out: ", why);
+    // As in a manifest: a video's name says its format (a PNG folder's has no extension).
+    const std::string& ext = outputs.format(job.format).extension;
+    const std::string name = path_name(job.output);
+    DLO_CHECK(ext.empty() || job.output.back() == '/' || name.find('.', 1) != std::string::npos,
+              "--out: '", job.output, "' has no extension (a ", job.format, " video: e.g. '", name, ext, "')");
   }
   for (const std::string* out : {&job.output, &job.save_latents})
     DLO_CHECK(out->empty() || (canonical_path(*out) + "/").rfind(p.model_dir + "/", 0) != 0, "--",
@@ -163,12 +170,15 @@ BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, c
     o.latents = canonical_path(a["save-latents"].as<std::string>());
     o.read_latents = outputs.read_latents;
   }
-  o.hold_output_dir = [&](const std::string& dir) {
-    lock.emplace(dir, kLockFileName);
-    // The latents file, shared by any batch that names it: a lock beside it ("FILE.h5.lock").
-    if (!o.latents.empty())
-      latents_lock.emplace(path_folder(o.latents), path_name(o.latents) + ".lock",
-                           str("the latents file '", o.latents, "'"));
+  o.hold_output_dir = [&](const std::string& dir) { lock.emplace(dir, kLockFileName); };
+  // The latents file, shared by any batch that names it: a lock beside it ("FILE.h5.lock"), which
+  // covers the file only under that name.
+  o.hold_latents = [&](const std::string& file) {
+    struct stat st;
+    DLO_CHECK(::stat(file.c_str(), &st) != 0 || st.st_nlink == 1, "--save-latents: '", file, "' has ", st.st_nlink,
+              " hard links: its lock ('", path_name(file), ".lock') cannot keep batches that name it otherwise away; ",
+              "give a file of its own (a copy)");
+    latents_lock.emplace(path_folder(file), path_name(file) + ".lock", str("the latents file '", file, "'"));
   };
   return plan_batch(o);
 }

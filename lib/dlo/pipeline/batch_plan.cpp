@@ -276,6 +276,7 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   if (problems.empty() && !o.dry_run && o.hold_output_dir) {
     // Held before results.jsonl and the outputs are read: a batch ending meanwhile cannot leave
     // this one a stale plan. (Only the output folder itself is made this early.)
+    if (!o.latents.empty() && o.hold_latents) o.hold_latents(o.latents);
     make_folders(p.output_dir);
     o.hold_output_dir(p.output_dir);
   }

@@ -130,8 +130,11 @@ struct BatchPlanOptions {
   std::function<std::string(const JobSpec& job)> recorded_fingerprint;
   // Called (unless dry_run, and only when the manifest has no problem) once the output folder
   // exists, before results.jsonl, the latents file or any output in it is read: the app takes the
-  // folder's lock here (FolderLock), and the latents file's, so a second batch on either is refused.
+  // folder's lock here (FolderLock), so a second batch on it is refused.
   std::function<void(const std::string& output_dir)> hold_output_dir;
+  // The same for the latents file (`latents`, when given), called before the output folder is
+  // made: a batch refused for its latents file leaves no folder behind.
+  std::function<void(const std::string& latents)> hold_latents;
   // Checks the model folder's parts beyond their configs (checkpoint headers, the tokenizer); a
   // failure is a problem of the plan, found before anything is written. Unset: not checked here.
   std::function<void(const ModelInfo& model)> check_model;
