@@ -104,6 +104,9 @@ MUTANTS=$(cat <<'EOF'
 80|lib/dlo/models/wan_transformer.cpp|sequence parallelism: a share's cross-attention on its own queries (SDPA's query blocks follow the share: SP 3 on 105 tokens rounds differently from one rank)|"const bool whole = s.is_share();"|"const bool whole = false;"
 81|lib/dlo/models/wan_transformer.cpp|sequence parallelism: a share's GELU on its own rows (ATen's scalar remainder falls elsewhere than in one rank's tensor)|"if (!s.is_share() \x7c\x7c !x.is_cpu()) return at::gelu(x, \"tanh\");"|"return at::gelu(x, \"tanh\");"
 82|lib/dlo/pipeline/topology.h|topology: no floor on a rank's share of a job's tokens (shares of a few rows take another GEMM path)|"kMinShareTokens = 16;"|"kMinShareTokens = 1;"
+95|lib/dlo/models/wan_vae.cpp|Wan2.2 residual decoder: DupUp3D's 2x2 pixels regrouped transposed (height and width of each pixel block swapped)|"permute({0, 1, 5, 2, 6, 3, 7, 4})"|"permute({0, 1, 5, 2, 6, 4, 7, 3})"
+96|lib/dlo/models/wan_vae.cpp|Wan2.2 residual decoder: DupUp3D's channels tiled (repeat) instead of interleaved (repeat_interleave)|"at::Tensor x = in.repeat_interleave(w.shortcut_repeats, 1);"|"at::Tensor x = in.repeat({1, w.shortcut_repeats, 1, 1, 1});"
+97|lib/dlo/models/wan_vae.cpp|Wan2.2 VAE: the 2x2 unpatchify with the patch's rows and columns swapped|"permute({0, 1, 4, 5, 3, 6, 2})"|"permute({0, 1, 4, 5, 2, 6, 3})"
 EOF
 )
 
