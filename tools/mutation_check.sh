@@ -93,7 +93,7 @@ MUTANTS=$(cat <<'EOF'
 56|lib/dlo/pipeline/batch_plan.cpp|V1: a batch's impossible topology found only after its output folder and results.jsonl exist|"  if (problems.empty() && o.ranks > 0) {"|"  if (problems.empty() && o.ranks > 1 << 30) {"
 57|lib/dlo/pipeline/batch_plan.cpp|V6: a recovered job's results line without its frames' hash|"  r.frames_sha256 = frames_sha256;\n"|""
 58|lib/dlo/media/video_writer.cpp|V6: an MP4 loses the tags finish() adds (the frames' hash recovery reads)|"      for (const auto& [k, v] : late_tags) av_dict_set(&fmt->metadata, k.c_str(), v.c_str(), 0);"|"      for (const auto& [k, v] : late_tags) (void)k, (void)v;"
-59|lib/dlo/app/generate_cli.cpp|N5: a second name (hard link) of a latents file in use gets round its lock|" || st.st_nlink == 1, \"--save-latents: '\""|" || st.st_nlink >= 1, \"--save-latents: '\""
+59|lib/dlo/app/generate_cli.cpp|N5: a second name (hard link) of a latents file in use gets round its lock|"st.st_nlink == 1, \"--save-latents: '\""|"st.st_nlink >= 1, \"--save-latents: '\""
 60|lib/dlo/common/folder_lock.cpp|N1: the lock file read as a stream whatever it is (a FIFO blocks the open for ever, /dev/zero is read until memory runs out)|"const std::string held = read_lock(path_, &exists);"|"std::ifstream held_in(path_, std::ios::binary);\n    exists = static_cast<bool>(held_in);\n    const std::string held((std::istreambuf_iterator<char>(held_in)), std::istreambuf_iterator<char>());"
 61|lib/dlo/common/folder_lock.cpp|V8: a holder in another PID namespace of this host judged by its pid here (its live lock taken over)|"  if (!h.pid_ns.empty() && !me.pid_ns.empty() && h.pid_ns != me.pid_ns) return age_s > kStaleAfterS;\n"|""
 62|lib/dlo/app/generate_cli.cpp|N2: the latents file not locked (two batches write one file; one's flags are lost; mpi label)|"    latents_lock.emplace(path_folder(file)"|"    if (false) latents_lock.emplace(path_folder(file)"
@@ -112,6 +112,9 @@ MUTANTS=$(cat <<'EOF'
 91|lib/dlo/media/latents_h5.cpp|latents HDF5: an entry's flag set before its data are written (a cut-off first write reads as complete)|"    set_flag(0);\n"|"    set_flag(1);\n"
 92|lib/dlo/media/latents_h5.cpp|latents HDF5: converting a version-1 file drops its table's flags of the data kept|"if (version == 1) step[\"flag\"] = table.count(e.name) ? table[e.name] : 0;"|""
 93|lib/dlo/media/latents_h5.cpp|latents HDF5: an open re-creates (clears) the flags of entries whose data it keeps|"if (flag >= 0) step[\"flag\"] = flag, step[\"renew\"] = false, step[\"drop\"] = false;"|""
+95|lib/dlo/models/wan_vae.cpp|Wan2.2 residual decoder: DupUp3D's 2x2 pixels regrouped transposed (height and width of each pixel block swapped)|"permute({0, 1, 5, 2, 6, 3, 7, 4})"|"permute({0, 1, 5, 2, 6, 4, 7, 3})"
+96|lib/dlo/models/wan_vae.cpp|Wan2.2 residual decoder: DupUp3D's channels tiled (repeat) instead of interleaved (repeat_interleave)|"at::Tensor x = in.repeat_interleave(w.shortcut_repeats, 1);"|"at::Tensor x = in.repeat({1, w.shortcut_repeats, 1, 1, 1});"
+97|lib/dlo/models/wan_vae.cpp|Wan2.2 VAE: the 2x2 unpatchify with the patch's rows and columns swapped|"permute({0, 1, 4, 5, 3, 6, 2})"|"permute({0, 1, 4, 5, 2, 6, 3})"
 EOF
 )
 

@@ -5,11 +5,14 @@
 // made the goldens every comparison is exact (elsewhere fp32 GEMMs round differently: within a
 // tolerance, tests/models/golden.h; the parity label recomputes WanPipeline there): a wrong guidance base, another step's timestep, the positive prompt's context used for
 // the negative branch, a scheduler step off by one, each fails here at the step where it happens.
+// tests/data/goldens/wan_pipeline_two_experts.safetensors (the same script) does the same for a
+// two-expert (Wan2.2 A14B-shaped) folder and a job with no guidance_2.
 #include "common/doctest_torch.h"
 
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -29,27 +32,33 @@ namespace {
 
 using dlo::test::TempDir;
 
-const dlo::Checkpoint& goldens() {
-  static const dlo::Checkpoint ck = dlo::Checkpoint::open(std::string(DLO_GOLDEN_DIR) + "/wan_pipeline_steps.safetensors");
-  return ck;
+constexpr const char* kSteps = "wan_pipeline_steps";
+constexpr const char* kTwoExperts = "wan_pipeline_two_experts";
+
+// tests/data/goldens/<file>.safetensors, opened once.
+const dlo::Checkpoint& goldens(const std::string& file = kSteps) {
+  static std::map<std::string, dlo::Checkpoint> open;
+  auto it = open.find(file);
+  if (it == open.end())
+    it = open.emplace(file, dlo::Checkpoint::open(std::string(DLO_GOLDEN_DIR) + "/" + file + ".safetensors")).first;
+  return it->second;
 }
 
-at::Tensor golden(const std::string& name) { return dlo::tensor_view(goldens(), name).clone(); }
+at::Tensor golden(const std::string& name, const std::string& file = kSteps) {
+  return dlo::tensor_view(goldens(file), name).clone();
+}
 
-bool goldens_made_here() {
-  static const bool here = [] {
-    const auto& m = goldens().metadata();
-    auto it = m.find("cpu");
-    return it != m.end() && it->second == dlo::test::cpu_fingerprint();
-  }();
-  return here;
+bool goldens_made_here(const std::string& file = kSteps) {
+  const auto& m = goldens(file).metadata();
+  auto it = m.find("cpu");
+  return it != m.end() && it->second == dlo::test::cpu_fingerprint();
 }
 
 // Bitwise on the CPU that made the goldens; on another, fp32 within rel 1e-4 (a few steps of
 // GEMMs that round differently: measured up to 1.5e-6 on 2026-12-02) and integers within 1.
-bool same(const at::Tensor& a, const at::Tensor& b) {
+bool same(const at::Tensor& a, const at::Tensor& b, const std::string& file = kSteps) {
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-  if (goldens_made_here() || at::equal(a, b)) return at::equal(a, b);
+  if (goldens_made_here(file) || at::equal(a, b)) return at::equal(a, b);
   if (at::isFloatingType(a.scalar_type())) {
     const double err = dlo::test::golden_rel_err(a, b);
     MESSAGE("goldens made on another CPU: rel err ", err, " (bar 1e-4)");
@@ -82,6 +91,64 @@ std::string make_golden_model(const TempDir& d) {
   return dir;
 }
 
+// The sum of all weights of a component, in float64 (make_pipeline_goldens.py's weights_sum).
+double weights_sum(const std::string& component_dir) {
+  const dlo::Checkpoint ck = dlo::Checkpoint::open(component_dir);
+  double sum = 0;
+  for (const dlo::TensorInfo* t : ck.tensors()) sum += dlo::tensor_view(ck, *t).to(at::kDouble).sum().item<double>();
+  return sum;
+}
+
+// Finishes `run` (the VAE decode into uint8 frames) and checks the frames against the golden
+// `<c>.frames` of `file`: bitwise (and their sha256) on the CPU that made it, within 1 per byte
+// elsewhere.
+void check_frames(dlo::JobRun& run, const dlo::WanVae& vae, const dlo::ModelInfo& info, const std::string& c,
+                  const std::string& file) {
+  struct Keep : dlo::FrameSink {
+    std::vector<std::uint8_t>* bytes;
+    std::size_t frame_bytes;
+    Keep(std::vector<std::uint8_t>* b, std::size_t n) : bytes(b), frame_bytes(n) {}
+    void add_frame(const std::uint8_t* rgb) override { bytes->insert(bytes->end(), rgb, rgb + frame_bytes); }
+    void finish(const std::string&) override {}
+  };
+  std::vector<std::uint8_t> kept;
+  std::int64_t kept_h = 0, kept_w = 0;
+  dlo::finish_job(run, vae, info,
+                  [&](const dlo::BatchJob&, std::int64_t width, std::int64_t height, std::int64_t) {
+                    kept_h = height;
+                    kept_w = width;
+                    return std::make_unique<Keep>(&kept, static_cast<std::size_t>(width * height * 3));
+                  },
+                  {});
+  REQUIRE_MESSAGE(!run.failed(), run.result.error);
+  const auto m = nlohmann::json::parse(goldens(file).metadata().at(c));
+  if (goldens_made_here(file)) CHECK(run.result.frames_sha256 == m["frames_sha256"].get<std::string>());
+  const at::Tensor frames = golden(c + ".frames", file);
+  REQUIRE(static_cast<std::int64_t>(kept.size()) == frames.numel());
+  const at::Tensor ours = at::from_blob(kept.data(), {frames.size(0), kept_h, kept_w, 3}, at::kByte).clone();
+  CHECK(same(ours.to(frames.scalar_type()), frames, file));
+  CHECK(run.result.frames == frames.size(0));
+  CHECK(run.result.height == frames.size(1));
+  CHECK(run.result.width == frames.size(2));
+}
+
+// A job of the golden case `c` (metadata JSON `m`).
+dlo::BatchJob golden_job(const std::string& c, const nlohmann::json& m) {
+  dlo::BatchJob job;
+  job.spec.id = c;
+  job.spec.prompt = m["prompt"];
+  job.spec.negative_prompt = m["negative_prompt"];
+  job.spec.guidance = m["guidance"];
+  job.spec.steps = m["steps"];
+  job.spec.height = m["height"];
+  job.spec.width = m["width"];
+  job.spec.frames = m["frames"];
+  job.spec.seed = m["seed"];
+  job.spec.scheduler = dlo::parse_noise_scheduler_kind(m["scheduler"]);
+  job.spec.flow_shift = m["flow_shift"].get<double>();
+  return job;
+}
+
 }  // namespace
 
 TEST_CASE("every stage of WanPipeline, step by step: contexts, latents, timesteps, guidance, frames (fp32, bitwise)") {
@@ -99,18 +166,7 @@ TEST_CASE("every stage of WanPipeline, step by step: contexts, latents, timestep
     const std::string c = name.get<std::string>();
     CAPTURE(c);
     const auto m = nlohmann::json::parse(goldens().metadata().at(c));
-    dlo::BatchJob job;
-    job.spec.id = c;
-    job.spec.prompt = m["prompt"];
-    job.spec.negative_prompt = m["negative_prompt"];
-    job.spec.guidance = m["guidance"];
-    job.spec.steps = m["steps"];
-    job.spec.height = m["height"];
-    job.spec.width = m["width"];
-    job.spec.frames = m["frames"];
-    job.spec.seed = m["seed"];
-    job.spec.scheduler = dlo::parse_noise_scheduler_kind(m["scheduler"]);
-    job.spec.flow_shift = m["flow_shift"].get<double>();
+    const dlo::BatchJob job = golden_job(c, m);
     dlo::JobRun run(job, info, 0);
 
     dlo::prepare_job(run, text, info, at::kFloat, at::kCPU);
@@ -131,31 +187,72 @@ TEST_CASE("every stage of WanPipeline, step by step: contexts, latents, timestep
 
     // The decoded frames, kept by a sink: compared with WanPipeline's (bitwise on the CPU that
     // made the goldens, within 1 per byte elsewhere), and their sha256 where bitwise.
-    struct Keep : dlo::FrameSink {
-      std::vector<std::uint8_t>* bytes;
-      std::size_t frame_bytes;
-      Keep(std::vector<std::uint8_t>* b, std::size_t n) : bytes(b), frame_bytes(n) {}
-      void add_frame(const std::uint8_t* rgb) override { bytes->insert(bytes->end(), rgb, rgb + frame_bytes); }
-      void finish(const std::string&) override {}
-    };
-    std::vector<std::uint8_t> kept;
-    std::int64_t kept_h = 0, kept_w = 0;
-    dlo::finish_job(run, vae, info,
-                    [&](const dlo::BatchJob&, std::int64_t width, std::int64_t height, std::int64_t) {
-                      kept_h = height;
-                      kept_w = width;
-                      return std::make_unique<Keep>(&kept, static_cast<std::size_t>(width * height * 3));
-                    },
-                    {});
-    REQUIRE_MESSAGE(!run.failed(), run.result.error);
-    if (goldens_made_here()) CHECK(run.result.frames_sha256 == m["frames_sha256"].get<std::string>());
-    const at::Tensor frames = golden(c + ".frames");
-    REQUIRE(static_cast<std::int64_t>(kept.size()) == frames.numel());
-    const at::Tensor ours = at::from_blob(kept.data(), {frames.size(0), kept_h, kept_w, 3}, at::kByte).clone();
-    CHECK(same(ours.to(frames.scalar_type()), frames));
-    CHECK(run.result.frames == frames.size(0));
-    CHECK(run.result.height == frames.size(1));
-    CHECK(run.result.width == frames.size(2));
+    check_frames(run, vae, info, c, kSteps);
+  }
+}
+
+// WanPipeline with guidance_scale_2 unset guides the low-noise expert with guidance_scale (README:
+// guidance_2's default is --guidance); before this golden no cpu-label test rendered such a job
+// against it. The folder: dlo-checkpoint make DIR --preset wan2.2-a14b-test --dtype fp32 --seed 5
+// (transformer/ and transformer_2/ of wan-test's shape, boundary_ratio 0.875, the VAE's 16 latent
+// channels). Every step on the expert WanPipeline called, every step's latents, the frames.
+TEST_CASE("two experts, guidance_2 unset: the low-noise expert guided with guidance, step by step as WanPipeline (golden)") {
+  at::set_num_threads(1);
+  const auto& meta = goldens(kTwoExperts).metadata();
+  REQUIRE(nlohmann::json::parse(meta.at("make_args")) ==
+          nlohmann::json::parse(R"(["--preset", "wan2.2-a14b-test", "--dtype", "fp32", "--seed", "5"])"));
+  TempDir d;
+  const std::string dir = d.file("model");
+  dlo::MakeModelOptions o;
+  o.transformer = dlo::WanTransformerConfig::preset("wan2.2-a14b-test");
+  o.components.push_back("transformer_2");
+  o.dtype = dlo::DType::F32;
+  o.seed = 5;
+  dlo::make_model(dir, o);
+  const auto sums = nlohmann::json::parse(meta.at("weights_sums"));
+  for (const char* part : {"transformer", "transformer_2"}) {
+    CAPTURE(part);
+    const double want = std::stod(sums.at(part).get<std::string>()), sum = weights_sum(dir + "/" + part);
+    REQUIRE_MESSAGE(std::abs(sum - want) <= 1e-9 * std::abs(want),
+                    "the random writers changed (weights sum " << sum << ", the goldens' " << want
+                                                               << "): regenerate with make_pipeline_goldens.py");
+  }
+  const dlo::ModelInfo info = dlo::read_model_info(dir);
+  REQUIRE(info.transformer_2.has_value());
+  const dlo::PromptEncoder text(dir, at::kFloat);
+  const dlo::WanTransformer high = dlo::WanTransformer::load(dir + "/transformer", at::kFloat, false);
+  const dlo::WanTransformer low = dlo::WanTransformer::load(dir + "/transformer_2", at::kFloat, false);
+  dlo::WanOffloadRunner high_runner(high, 1), low_runner(low, 1);
+  high_runner.start(dlo::EngineOptions{});
+  low_runner.start(dlo::EngineOptions{});
+  const dlo::WanVae vae = dlo::WanVae::load(dir + "/vae", at::kFloat);
+
+  for (const auto& name : nlohmann::json::parse(meta.at("cases"))) {
+    const std::string c = name.get<std::string>();
+    CAPTURE(c);
+    const auto m = nlohmann::json::parse(meta.at(c));
+    REQUIRE(m["guidance_2"].is_null());
+    const dlo::BatchJob job = golden_job(c, m);
+    REQUIRE(!job.spec.guidance_2.has_value());
+    dlo::JobRun run(job, info, 0);
+    dlo::prepare_job(run, text, info, at::kFloat, at::kCPU);
+    CHECK(same(run.latents, golden(c + ".latents_init", kTwoExperts), kTwoExperts));
+    const auto experts = m["experts"].get<std::vector<int>>();
+    REQUIRE(static_cast<std::int64_t>(experts.size()) == job.spec.steps);
+    for (std::int64_t i = 0; i < job.spec.steps; ++i) {
+      CAPTURE(i);
+      const at::Tensor t = run.scheduler->timesteps()[i].to(at::kFloat).reshape({1});
+      CHECK(same(t, golden(c + ".timestep_" + std::to_string(i), kTwoExperts), kTwoExperts));
+      REQUIRE(run.expert() == experts[static_cast<std::size_t>(i)]);
+      dlo::denoise_step(run.expert() == 0 ? high_runner : low_runner, run, at::kFloat);
+      ++run.steps_done;
+      const at::Tensor want = golden(c + ".latents_" + std::to_string(i), kTwoExperts);
+      REQUIRE_MESSAGE(same(run.latents, want, kTwoExperts),
+                      "latents after step " << i << " (expert " << experts[static_cast<std::size_t>(i)]
+                                            << ") differ from WanPipeline's: max |diff| "
+                                            << (run.latents - want).abs().max().item<float>());
+    }
+    check_frames(run, vae, info, c, kTwoExperts);
   }
 }
 

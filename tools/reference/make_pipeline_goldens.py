@@ -37,11 +37,22 @@ With --cross-check it also renders every case with dlo-generate (fp32, 1 thread,
 the folder's scheduler with no --scheduler/--flow-shift, the others with them) and compares the
 report's frames_sha256 with the sha256 of the golden frames (they must be equal; exit 1 otherwise).
 
+Two sets of goldens, chosen by the file's name (SETS below):
+  wan_pipeline_steps.safetensors: the cases above on a wan-test folder (MAKE_ARGS);
+  wan_pipeline_two_experts.safetensors: Wan2.2 A14B's two experts (preset wan2.2-a14b-test:
+    transformer/ for timesteps >= boundary_ratio x 1000, transformer_2/ below), a guided job with
+    guidance_scale_2 unset: WanPipeline then guides the low-noise expert with guidance_scale (the
+    README's "guidance_2 ... default --guidance"). Hooks on both experts; the metadata's case
+    JSON adds "experts" (0/1 per step, the one WanPipeline called) and "guidance_2" (null). To keep
+    the file small (tens of KB) it holds only latents_init, timestep_<i>, latents_<i> and frames
+    (the first set holds the contexts and the noise predictions; here the script asserts them).
+
 Regenerate (after a deliberate change to the random writers or to the reference versions):
-  tools/setup.sh && .venv/bin/python tools/reference/make_pipeline_goldens.py --bin build/bin \\
-      --out tests/data/goldens/wan_pipeline_steps.safetensors --cross-check
+  tools/setup.sh && for f in wan_pipeline_steps wan_pipeline_two_experts; do .venv/bin/python \\
+      tools/reference/make_pipeline_goldens.py --bin build/bin --out tests/data/goldens/$f.safetensors \\
+      --cross-check; done
 then `ctest --test-dir build -L cpu`. Fixed seeds, 1 thread: rerunning gives the same tensors.
---check FILE recomputes them and compares with the committed file (the `parity` test does).
+--check FILE... recomputes them and compares with the committed files (the `parity` test does).
 Versions used: torch 2.11.0, diffusers 0.42.1, transformers 5.23.0 (tools/requirements.txt).
 """
 import argparse
@@ -71,6 +82,22 @@ CASES = [
          negative_prompt="", guidance=3.5, steps=4, height=48, width=32, frames=5, seed=11),
 ]
 
+# Wan2.2 A14B-shaped: two experts of wan-test's shape (transformer_2's weights from seed + 0x2e2),
+# boundary_ratio 0.875 (model_index.json), the Wan2.1-small VAE, flow shift 3.
+MAKE_ARGS_TWO_EXPERTS = ["--preset", "wan2.2-a14b-test", "--dtype", "fp32", "--seed", "5"]
+
+# guidance_2 unset: WanPipeline's guidance_scale_2 = guidance_scale. 6 UniPC steps with shift 3:
+# timesteps 999 and 937 on transformer/, 857, 750, 600 and 376 on transformer_2/ (both asserted used).
+CASES_TWO_EXPERTS = [
+    dict(name="two_experts_g2_unset", scheduler="unipc", flow_shift=None, prompt="a paper boat on a river",
+         negative_prompt="blurry", guidance=4.0, guidance_2=None, steps=6, height=32, width=32, frames=5, seed=13),
+]
+
+# file stem -> (dlo-checkpoint make arguments, cases, compact: only latents_init, timestep_<i>, latents_<i>
+# and frames stored)
+SETS = {"wan_pipeline_steps": (MAKE_ARGS, CASES, False),
+        "wan_pipeline_two_experts": (MAKE_ARGS_TWO_EXPERTS, CASES_TWO_EXPERTS, True)}
+
 LAYOUT = ("<case>.prompt_embeds, <case>.negative_prompt_embeds (CFG only): the transformer's encoder_hidden_states; "
           "<case>.latents_init: initial latents; per step i: <case>.timestep_<i> (float32 [1]), <case>.noise_cond_<i>, "
           "<case>.noise_uncond_<i> (CFG only), <case>.noise_pred_<i> (uncond + g * (cond - uncond); cond without CFG), "
@@ -86,8 +113,8 @@ def weights_sum(folder):
     return total
 
 
-def make_model(bin_dir, out):
-    subprocess.run([os.path.join(bin_dir, "dlo-checkpoint"), "make", out, *MAKE_ARGS], check=True,
+def make_model(bin_dir, out, make_args):
+    subprocess.run([os.path.join(bin_dir, "dlo-checkpoint"), "make", out, *make_args], check=True,
                    stdout=subprocess.DEVNULL)
 
 
@@ -109,16 +136,18 @@ def load_pipe(model, case):
     return pipe, float(effective)
 
 
-def run_case(model, case):
+def run_case(model, case, compact=False):
     pipe, flow_shift = load_pipe(model, case)
     name, cfg = case["name"], case["guidance"] > 1.0
-    calls = []  # one dict per transformer call, in call order
+    experts = [pipe.transformer] + ([pipe.transformer_2] if pipe.transformer_2 is not None else [])
+    calls = []  # one dict per transformer call (of either expert), in call order
     steps = []  # one dict per scheduler.step call
     after = []  # latents from callback_on_step_end
 
     def pre_hook(module, args, kwargs):
         assert not args, "WanPipeline passes the transformer's inputs as keywords"
-        calls.append({"hidden_states": kwargs["hidden_states"].detach().clone(),
+        calls.append({"expert": next(i for i, e in enumerate(experts) if e is module),
+                      "hidden_states": kwargs["hidden_states"].detach().clone(),
                       "timestep": kwargs["timestep"].detach().clone(),
                       "encoder_hidden_states": kwargs["encoder_hidden_states"].detach().clone()})
 
@@ -126,8 +155,8 @@ def run_case(model, case):
         out = output[0] if isinstance(output, (tuple, list)) else output.sample
         calls[-1]["output"] = out.detach().clone()
 
-    h1 = pipe.transformer.register_forward_pre_hook(pre_hook, with_kwargs=True)
-    h2 = pipe.transformer.register_forward_hook(hook, with_kwargs=True)
+    hooks = [h for e in experts for h in (e.register_forward_pre_hook(pre_hook, with_kwargs=True),
+                                          e.register_forward_hook(hook, with_kwargs=True))]
     step = pipe.scheduler.step
 
     def step_wrapper(model_output, timestep, sample, *a, **kw):
@@ -142,14 +171,15 @@ def run_case(model, case):
         after.append(kw["latents"].detach().clone())
         return {}
 
+    extra = {} if case.get("guidance_2") is None else {"guidance_scale_2": case["guidance_2"]}
     with torch.no_grad():
         video = pipe(prompt=case["prompt"], negative_prompt=case["negative_prompt"], height=case["height"],
                      width=case["width"], num_frames=case["frames"], num_inference_steps=case["steps"],
                      guidance_scale=case["guidance"], generator=torch.Generator("cpu").manual_seed(case["seed"]),
                      output_type="np", callback_on_step_end=callback,
-                     callback_on_step_end_tensor_inputs=["latents"]).frames[0]
-    h1.remove()
-    h2.remove()
+                     callback_on_step_end_tensor_inputs=["latents"], **extra).frames[0]
+    for h in hooks:
+        h.remove()
     timesteps = pipe.scheduler.timesteps.clone()
     frames = np.stack([(frame * 255).astype(np.uint8) for frame in video])
 
@@ -176,12 +206,25 @@ def run_case(model, case):
     g = torch.Generator("cpu").manual_seed(case["seed"])
     assert torch.equal(latents_init, torch.randn(latents_init.shape, generator=g, dtype=torch.float32))
 
-    tensors = {f"{name}.prompt_embeds": prompt_embeds, f"{name}.latents_init": latents_init}
-    if cfg:
-        tensors[f"{name}.negative_prompt_embeds"] = negative_embeds
+    tensors = {f"{name}.latents_init": latents_init}
+    if not compact:
+        tensors[f"{name}.prompt_embeds"] = prompt_embeds
+        if cfg:
+            tensors[f"{name}.negative_prompt_embeds"] = negative_embeds
+    # Two experts: each step's expert is the one its timestep asks (t >= boundary: transformer/),
+    # with its guidance (guidance_2 unset: guidance), and both experts run.
+    step_experts, step_guidance = [0] * n, [case["guidance"]] * n
+    if len(experts) == 2:
+        boundary = pipe.config.boundary_ratio * pipe.scheduler.config.num_train_timesteps
+        step_experts = [0 if t >= boundary else 1 for t in timesteps]
+        assert 0 < step_experts.count(0) < n, f"{name}: the steps do not span both experts: {step_experts}"
+        g2 = case["guidance"] if case.get("guidance_2") is None else case["guidance_2"]
+        step_guidance = [case["guidance"] if e == 0 else g2 for e in step_experts]
     prev = latents_init
     for i in range(n):
         cond = calls[i * branches]
+        assert all(c["expert"] == step_experts[i] for c in calls[i * branches:(i + 1) * branches]), \
+            f"{name} step {i}: not expert {step_experts[i]}'s calls"
         assert torch.equal(cond["encoder_hidden_states"], prompt_embeds), f"{name} step {i}: first call not cond"
         assert torch.equal(cond["hidden_states"], prev), f"{name} step {i}: input != previous latents"
         t = cond["timestep"]
@@ -194,7 +237,7 @@ def run_case(model, case):
             assert torch.equal(unc["encoder_hidden_states"], negative_embeds), f"{name} step {i}: 2nd call not uncond"
             assert torch.equal(unc["timestep"], t) and torch.equal(unc["hidden_states"], prev)
             assert not torch.equal(unc["output"], cond["output"]), f"{name} step {i}: cond == uncond output"
-            guided = unc["output"] + case["guidance"] * (cond["output"] - unc["output"])
+            guided = unc["output"] + step_guidance[i] * (cond["output"] - unc["output"])
             assert torch.equal(noise_pred, guided), f"{name} step {i}: noise_pred != uncond + g * (cond - uncond)"
             tensors[f"{name}.noise_uncond_{i}"] = unc["output"]
         else:
@@ -220,7 +263,10 @@ def run_case(model, case):
     sha = hashlib.sha256(frames.tobytes()).hexdigest()
     cfg_gap = max((tensors[f"{name}.noise_cond_{i}"] - tensors[f"{name}.noise_uncond_{i}"]).abs().max().item()
                   for i in range(n)) if cfg else None
-    print(f"{name}: {case['scheduler']} shift {flow_shift} g {case['guidance']} timesteps {timesteps.tolist()} "
+    if compact:  # the noise predictions were asserted above; the latents after each step carry them
+        tensors = {k: v for k, v in tensors.items() if ".noise_" not in k}
+    print(f"{name}: {case['scheduler']} shift {flow_shift} g {step_guidance} experts {step_experts} "
+          f"timesteps {timesteps.tolist()} "
           f"frames {tuple(frames.shape)} distinct {distinct} last latents finite (|max| {last.abs().max().item():.4f})"
           + (f", max |cond - uncond| {cfg_gap:.4g}" if cfg else "") + f", frames sha256 {sha}")
     meta = {k: case[k] for k in ("prompt", "negative_prompt", "guidance", "steps", "height", "width", "frames",
@@ -229,6 +275,9 @@ def run_case(model, case):
     meta["timesteps"] = [float(x) for x in timesteps.tolist()]
     meta["timestep_dtype"] = str(calls[0]["timestep"].dtype).replace("torch.", "")  # as the transformer got it
     meta["frames_sha256"] = sha
+    if len(experts) == 2:
+        meta["guidance_2"] = case.get("guidance_2")
+        meta["experts"] = step_experts
     return tensors, meta, frames
 
 
@@ -269,9 +318,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="folder holding dlo-checkpoint (and dlo-generate)")
     g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--out", help="write the goldens here (tests/data/goldens/wan_pipeline_steps.safetensors)")
-    g.add_argument("--check", help="recompute the goldens with the installed diffusers and compare them, tensor by "
-                                   "tensor and bit for bit, with this committed file (exit 1 on any difference)")
+    g.add_argument("--out", help="write the goldens here (tests/data/goldens/<set>.safetensors; sets: "
+                                 + ", ".join(SETS) + ")")
+    g.add_argument("--check", nargs="+", metavar="FILE",
+                   help="recompute the goldens with the installed diffusers and compare them, tensor by tensor and "
+                        "bit for bit, with these committed files (exit 1 on any difference)")
     ap.add_argument("--cross-check", action="store_true", help="also compare every case's frames with dlo-generate's")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -280,37 +331,49 @@ def main():
     import diffusers
     import transformers
 
+    ok = True
+    for path in args.check or [args.out]:
+        stem = os.path.basename(path).removesuffix(".safetensors")
+        if stem not in SETS:
+            ap.error(f"{path}: not a set of goldens this script makes ({', '.join(s + '.safetensors' for s in SETS)})")
+        ok &= make_set(args, path, *SETS[stem], diffusers.__version__, transformers.__version__)
+    return 0 if ok else 1
+
+
+def make_set(args, path, make_args, cases, compact, diffusers_version, transformers_version):
+    """Computes one set of goldens; writes it to `path` (--out) or compares it with `path` (--check)."""
     tensors = {}
     meta = {}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model")
-        make_model(args.bin, model)
-        sums = {c: repr(weights_sum(os.path.join(model, c))) for c in ("transformer", "text_encoder", "vae")}
-        for case in CASES:
-            t, m, frames = run_case(model, case)
+        make_model(args.bin, model, make_args)
+        parts = [c for c in ("transformer", "transformer_2", "text_encoder", "vae") if os.path.isdir(os.path.join(model, c))]
+        sums = {c: repr(weights_sum(os.path.join(model, c))) for c in parts}
+        for case in cases:
+            t, m, frames = run_case(model, case, compact)
             tensors.update(t)
             meta[case["name"]] = json.dumps(m)
             if args.cross_check:
                 ok &= cross_check(args.bin, model, case, m["flow_shift"], frames, tmp)
-    meta["cases"] = json.dumps([c["name"] for c in CASES])
-    meta["make_args"] = json.dumps(MAKE_ARGS)
+    meta["cases"] = json.dumps([c["name"] for c in cases])
+    meta["make_args"] = json.dumps(make_args)
     meta["weights_sum"] = sums["transformer"]
     meta["weights_sums"] = json.dumps(sums)
-    meta["made_by"] = (f"tools/reference/make_pipeline_goldens.py: dlo-checkpoint make DIR {' '.join(MAKE_ARGS)}; "
-                       f"WanPipeline fp32, 1 thread; torch {torch.__version__}, diffusers {diffusers.__version__}, "
-                       f"transformers {transformers.__version__}")
+    meta["made_by"] = (f"tools/reference/make_pipeline_goldens.py: dlo-checkpoint make DIR {' '.join(make_args)}; "
+                       f"WanPipeline fp32, 1 thread; torch {torch.__version__}, diffusers {diffusers_version}, "
+                       f"transformers {transformers_version}")
     meta["layout"] = LAYOUT
     meta["cpu"] = cpu_fingerprint()
     if args.check:
-        committed = load_file(args.check)
-        with safe_open(args.check, "pt") as f:
+        committed = load_file(path)
+        with safe_open(path, "pt") as f:
             made_on = (f.metadata() or {}).get("cpu", "")
         # Bitwise on the CPU type that made the file; elsewhere fp32 GEMMs round differently
         # (tests/models/golden.h), so floats within rel 1e-4 and integers within 1.
         here = made_on == meta["cpu"]
         if not here:
-            print(f"{args.check} was made on another CPU ({made_on or 'unrecorded'}; this is {meta['cpu']}): "
+            print(f"{path} was made on another CPU ({made_on or 'unrecorded'}; this is {meta['cpu']}): "
                   "tensors compared within rel 1e-4 (floats) or 1 (integers), not bitwise")
         bad, worst = sorted(set(committed) ^ set(tensors)), 0.0
         for name in sorted(set(committed) & set(tensors)):
@@ -327,16 +390,16 @@ def main():
                         bad.append(name)
                 elif (a.long() - b.long()).abs().max().item() > 1:
                     bad.append(name)
-        print(f"{args.check}: {len(tensors)} tensors recomputed, {len(bad)} differ{': ' + ', '.join(bad) if bad else ''}"
+        print(f"{path}: {len(tensors)} tensors recomputed, {len(bad)} differ{': ' + ', '.join(bad) if bad else ''}"
               f"{'' if here else f' (largest float rel err {worst:.2e})'}")
         if bad:
             print("The installed diffusers no longer gives the committed per-step goldens: check what changed, then "
                   "regenerate with --out.")
-        return 0 if ok and not bad else 1
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    save_file(tensors, args.out, metadata=meta)
-    print(f"{args.out}: {os.path.getsize(args.out)} bytes, {len(tensors)} tensors")
-    return 0 if ok else 1
+        return ok and not bad
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file(tensors, path, metadata=meta)
+    print(f"{path}: {os.path.getsize(path)} bytes, {len(tensors)} tensors")
+    return ok
 
 
 if __name__ == "__main__":
