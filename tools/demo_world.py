@@ -26,6 +26,9 @@ TRAVEL = (0.36, 0.68)
 # A video whose object moves less than this (the same share) has no direction: half the shortest
 # travel, so a still or a barely moving object never counts as moving any way.
 MIN_TRAVEL = TRAVEL[0] / 2
+# An object's pixels cover at most ~4% of a frame (SIZE); a "object" over a quarter of it is a
+# frame whose background is gone (a black or a flat video), not an object.
+MAX_OBJECT_AREA = 0.25
 # The object's width, as a share of a sixth of the frame's shorter side (drawn per clip).
 SIZE = (0.9, 1.15)
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows down
@@ -139,7 +142,8 @@ def judge(frames, text):
     (as a share of the frame), shape (the ideal fill nearest to the mean fill of its bounding
     box), and whether each matches the prompt. Object pixels are those more than 60 from the
     background and at least half the frame's largest distance from it (the half-coverage edge).
-    A frame with no object pixels counts as no object.
+    A frame with no object pixels, or with more than MAX_OBJECT_AREA of the frame far from the
+    background, counts as no object.
     """
     want_colour, want_shape, want_direction = parse_prompt(text)
     frames = np.asarray(frames)
@@ -147,7 +151,7 @@ def judge(frames, text):
     centroids, fills, pixels = [], [], []
     for f in range(n):
         m = object_mask(frames[f], half_max=True)
-        if m.sum() < 4:
+        if m.sum() < 4 or m.sum() > MAX_OBJECT_AREA * height * width:
             centroids.append(None)
             continue
         yy, xx = np.nonzero(m)

@@ -115,6 +115,7 @@ MUTANTS=$(cat <<'EOF'
 95|lib/dlo/models/wan_vae.cpp|Wan2.2 residual decoder: DupUp3D's 2x2 pixels regrouped transposed (height and width of each pixel block swapped)|"permute({0, 1, 5, 2, 6, 3, 7, 4})"|"permute({0, 1, 5, 2, 6, 4, 7, 3})"
 96|lib/dlo/models/wan_vae.cpp|Wan2.2 residual decoder: DupUp3D's channels tiled (repeat) instead of interleaved (repeat_interleave)|"at::Tensor x = in.repeat_interleave(w.shortcut_repeats, 1);"|"at::Tensor x = in.repeat({1, w.shortcut_repeats, 1, 1, 1});"
 97|lib/dlo/models/wan_vae.cpp|Wan2.2 VAE: the 2x2 unpatchify with the patch's rows and columns swapped|"permute({0, 1, 4, 5, 3, 6, 2})"|"permute({0, 1, 4, 5, 2, 6, 3})"
+98|tools/demo_world.py|the demo's judge takes a frame far from the background everywhere (all black) for an object: its shape counts|"        if m.sum() < 4 or m.sum() > MAX_OBJECT_AREA * height * width:\n"|"        if m.sum() < 4:\n"
 EOF
 )
 

@@ -2,7 +2,8 @@
 # tools/check_demo_video.py, the demo's judge, on videos drawn here with ffmpeg (no model, no C++
 # build): a red square moving left half the frame is judged right; a still square and one that
 # creeps 6% of the frame have no direction (the still one used to count as "left", probe N4), so
-# --max-misses direction=0 fails them with exit 1; bad input (a prompt outside the world, a
+# --max-misses direction=0 fails them with exit 1; an all-black video has no object (its shape
+# counted as a square); bad input (a prompt outside the world, a
 # missing file, not a video, a cut video, a garbage results.jsonl line, --max-misses colour=x,
 # --json a folder, probe V10) is one line naming it and exit 2, never a traceback.
 #   demo_judge.sh PYTHON SOURCE_DIR
@@ -22,6 +23,7 @@ square "$T/left.mp4" "46-t*32"
 square "$T/still.mp4" "26"
 square "$T/creep.mp4" "30-t*4"
 square "$T/left.mkv" "46-t*32" -c:v ffv1
+ffmpeg -v error -y -f lavfi -i color=c=black:s=64x64:d=1.0625:r=16 -frames:v 17 "$T/black.mp4"
 
 # expect_rc RC WHAT OUTPUT_PATTERN -- ARGS: the judge's exit code and a line of its output.
 expect_rc() {
@@ -38,6 +40,8 @@ expect_rc 0 "the same as FFV1" "direction left shape square" -- "$T/left.mkv" --
 # N4: nothing moves, so there is no direction, and it is a miss.
 expect_rc 1 "a still square" "direction - (wrong)" -- "$T/still.mp4" --prompt "$LEFT" "${ALL[@]}"
 expect_rc 1 "a still square, the tally" "FAIL: direction: 1 of 1 wrong" -- "$T/still.mp4" --prompt "$LEFT" "${ALL[@]}"
+# An all-black video has no object (its whole frame is far from the background): no shape either.
+expect_rc 1 "an all-black video" "FAIL: shape: 1 of 1 wrong" -- "$T/black.mp4" --prompt "$LEFT" "${ALL[@]}"
 expect_rc 1 "a square creeping 6% of the frame" "direction - (wrong)" -- "$T/creep.mp4" --prompt "$LEFT" --max-misses direction=0
 expect_rc 0 "a still square without --max-misses" "direction 0/1" -- "$T/still.mp4" --prompt "$LEFT"
 
