@@ -114,16 +114,19 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& 
   if (a.count("out")) {
     const std::string why = output_name_problem(job.output);
     DLO_CHECK(why.empty(), "--out: ", why);
-    // As in a manifest: a video's name says its format (a PNG folder's has no extension).
-    const std::string& ext = outputs.format(job.format).extension;
-    const std::string name = path_name(job.output);
-    DLO_CHECK(ext.empty() || job.output.back() == '/' || name.find('.', 1) != std::string::npos,
-              "--out: '", job.output, "' has no extension (a ", job.format, " video: e.g. '", name, ext, "')");
   }
   for (const std::string* out : {&job.output, &job.save_latents})
     DLO_CHECK(out->empty() || (canonical_path(*out) + "/").rfind(p.model_dir + "/", 0) != 0, "--",
               out == &job.output ? "out" : "save-latents", ": '", *out, "' is inside the model folder '", p.model_dir, "'");
   with_context("--out", [&] { outputs.format(job.format).check(job, model); });
+  if (a.count("out")) {
+    // As in a manifest: a video's name says its format (a PNG folder's has no extension). After
+    // the format's own check, which says what a device or a folder at that path is.
+    const std::string& ext = outputs.format(job.format).extension;
+    const std::string name = path_name(job.output);
+    DLO_CHECK(ext.empty() || job.output.back() == '/' || name.find('.', 1) != std::string::npos,
+              "--out: '", job.output, "' has no extension (a ", job.format, " video: e.g. '", name, ext, "')");
+  }
   DLO_CHECK(job.save_latents.empty() || !ends_with(job.save_latents, ".h5"),
             "--save-latents: .h5 files collect a batch's latents (--jobs); for one prompt write .safetensors");
   if (!job.save_latents.empty()) with_context("--save-latents", [&] { check_output_path(job.save_latents); });
