@@ -104,6 +104,16 @@ MUTANTS=$(cat <<'EOF'
 80|lib/dlo/models/wan_transformer.cpp|sequence parallelism: a share's cross-attention on its own queries (SDPA's query blocks follow the share: SP 3 on 105 tokens rounds differently from one rank)|"const bool whole = s.is_share();"|"const bool whole = false;"
 81|lib/dlo/models/wan_transformer.cpp|sequence parallelism: a share's GELU on its own rows (ATen's scalar remainder falls elsewhere than in one rank's tensor)|"if (!s.is_share() \x7c\x7c !x.is_cpu()) return at::gelu(x, \"tanh\");"|"return at::gelu(x, \"tanh\");"
 82|lib/dlo/pipeline/topology.h|topology: no floor on a rank's share of a job's tokens (shares of a few rows take another GEMM path)|"kMinShareTokens = 16;"|"kMinShareTokens = 1;"
+100|lib/dlo/config/wan_tensor_names.cpp|tensor names: the original norm3 (the cross-attention's pre-norm) read as diffusers' norm2 kept as norm2|"{\"norm3\", \"norm2\"},"|"{\"norm2\", \"norm2\"},"
+101|lib/dlo/config/wan_tensor_names.cpp|tensor names: a wrong row (self-attention's output projection mapped to the cross-attention's)|"{\"self_attn.o\", \"attn1.to_out.0\"},"|"{\"self_attn.o\", \"attn2.to_out.0\"},"
+102|lib/dlo/config/wan_tensor_names.cpp|tensor names: ComfyUI's 'model.diffusion_model.' prefix not stripped|"const std::string_view bare = std::string_view(n).substr(l.prefix.size());"|"const std::string_view bare = std::string_view(n);"
+103|lib/dlo/config/wan_tensor_names.cpp|a single file's names left as stored (the table never applied)|"  ck.rename_tensors([&](const std::string& n) { return renamed.at(n); });\n"|""
+104|lib/dlo/config/wan_transformer_config.cpp|config from shapes: out_channels taken as proj_out's rows (not divided by the patch)|"c.out_channels = out / per_token;"|"c.out_channels = out;"
+105|lib/dlo/config/wan_transformer_config.cpp|config from shapes: num_layers one short (the highest block index, not + 1)|"std::atoll(name.c_str() + 7) + 1);"|"std::atoll(name.c_str() + 7));"
+106|lib/dlo/config/wan_transformer_config.cpp|config from shapes: in_channels not compared with the folder's (a file of another expert or model accepted)|"DLO_CHECK(shown[k].second == theirs[k].second,"|"DLO_CHECK(k == 0 \x7c\x7c shown[k].second == theirs[k].second,"
+107|lib/dlo/config/wan_transformer_config.cpp|config from shapes: in_channels read from the width|"c.in_channels = patch[1];"|"c.in_channels = patch[0];"
+108|lib/dlo/config/model_info.cpp|the model identity (so the fingerprint) ignores a transformer given as a file (the folder's transformer/ counted instead)|"      if (!given.empty()) {\n        add_given(part, given);"|"      if (false) {\n        add_given(part, given);"
+109|lib/dlo/config/model_info.h|--transformer-2 ignored (the folder's transformer_2/ rendered instead)|"return transformer_2.empty() ? folder(\"transformer_2\") : transformer_2;"|"return folder(\"transformer_2\");"
 EOF
 )
 

@@ -29,6 +29,9 @@ std::int64_t integer_flag(const cxxopts::ParseResult& args, const std::string& f
 // are applied later, where the flags do not say). Errors name the flag.
 GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& args);
 
+// --model with --transformer / --transformer-2 (canonical paths). Errors name the flag.
+ModelParts model_parts_from_flags(const cxxopts::ParseResult& args);
+
 // Rank 0: the plan of one --prompt job (the model's defaults, then the flags; a seed drawn when
 // none is given), every check made before any weight is read. `dtypes` is dtypes_label(options).
 BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& args, const JobFlags& flags, const AppOutputs& outputs,
