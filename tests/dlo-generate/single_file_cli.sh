@@ -11,7 +11,8 @@
 #     file, a transformer of another shape (ffn_dim, layers), of other latent channels (another
 #     expert or model), a shape no known config has without the folder's config, a pickle (with
 #     the command that converts it), a missing file, --transformer-2 for a model of one
-#     transformer, in a batch too.
+#     transformer, in a batch too;
+#  4. dlo-forward --transformer FILE gives the folder's transformer's output.
 # (That the names are diffusers' own reading of such files: the parity label,
 # tools/reference/single_file_parity.py, against diffusers' convert_wan_transformer_to_diffusers.)
 #   single_file_cli.sh BIN_DIR
@@ -68,7 +69,15 @@ rc=$?
 set -e
 [ $rc = 2 ] && grep -q "changed since its video" <<<"$msg" || fail "a job rendered by another transformer file was not seen changed (rc $rc): $msg"
 "$G" --model "$T/m" "${batch[@]}" --transformer "$T/original/wan.safetensors" --force
-echo "2. resume sees a job changed when --transformer names a file"
+# The manifest's own key (resolved against the manifest's folder) renders the folder's frames too.
+for key in "" "transformer: original/wan.safetensors"; do
+  printf 'model: m\n%s\ndefaults: {frames: 5, height: 32, width: 48, steps: 2, seed: 3}\njobs:\n  - {id: a, prompt: "a red ball rolls"}\n' \
+    "$key" >"$T/k.yaml"
+  "$G" --jobs "$T/k.yaml" --output-dir "$T/k${key:+-file}" --format png --dtype fp32 --threads 1 --quiet
+done
+k=$(sha_of "$T/k/results.jsonl" a)
+[ -n "$k" ] && [ "$(sha_of "$T/k-file/results.jsonl" a)" = "$k" ] || fail "the manifest's transformer key: other frames"
+echo "2. resume sees a job changed when --transformer names a file; the manifest's transformer key renders the folder's frames"
 
 # 3. Refusals: exit 2 before any work, a message naming the file, no output.
 refused() {  # refused WHAT EXPECTED-MESSAGE FLAGS...
@@ -112,4 +121,14 @@ set -e
 [ $rc = 2 ] && grep -qF "its tensors give ffn_dim 48" <<<"$msg" || fail "a batch with another shape's file: exit $rc: $msg"
 [ ! -e "$T/batch2/results.jsonl" ] || fail "a refused batch wrote results.jsonl"
 echo "3. refusals: exit 2, named, nothing written"
+
+# 4. dlo-forward --transformer: the output of the folder's transformer/, from the ComfyUI file.
+for run in folder file; do
+  extra=()
+  [ $run = file ] && extra=(--transformer "$T/comfyui/wan.safetensors")
+  "$BIN/dlo-forward" --model "$T/m" --component transformer "${extra[@]}" --random-inputs 2,4,6,5 \
+    --out "$T/forward-$run.safetensors" 2>/dev/null
+done
+cmp -s "$T/forward-folder.safetensors" "$T/forward-file.safetensors" || fail "dlo-forward --transformer: another output"
+echo "4. dlo-forward --transformer FILE: the folder's output"
 echo "PASS"
