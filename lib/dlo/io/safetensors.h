@@ -74,7 +74,8 @@ class SafetensorsFile {
   SafetensorsHeader header_;
 };
 
-// A checkpoint: one safetensors file, or the shards named by an index. Immutable after open;
+// A checkpoint: one safetensors file, or the shards named by an index. Immutable once shared
+// (rename_tensors, the one mutation, comes before);
 // safe to read from several threads.
 class Checkpoint {
  public:
