@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <set>
-#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
