@@ -116,6 +116,16 @@ MUTANTS=$(cat <<'EOF'
 96|lib/dlo/models/wan_vae.cpp|Wan2.2 residual decoder: DupUp3D's channels tiled (repeat) instead of interleaved (repeat_interleave)|"at::Tensor x = in.repeat_interleave(w.shortcut_repeats, 1);"|"at::Tensor x = in.repeat({1, w.shortcut_repeats, 1, 1, 1});"
 97|lib/dlo/models/wan_vae.cpp|Wan2.2 VAE: the 2x2 unpatchify with the patch's rows and columns swapped|"permute({0, 1, 4, 5, 3, 6, 2})"|"permute({0, 1, 4, 5, 2, 6, 3})"
 98|tools/demo_world.py|the demo's judge takes a frame far from the background everywhere (all black) for an object: its shape counts|"        if m.sum() < 4 or m.sum() > MAX_OBJECT_AREA * height * width:\n"|"        if m.sum() < 4:\n"
+100|lib/dlo/config/wan_tensor_names.cpp|tensor names: the original norm3 (the cross-attention's pre-norm) read as diffusers' norm2 kept as norm2|"{\"norm3\", \"norm2\"},"|"{\"norm2\", \"norm2\"},"
+101|lib/dlo/config/wan_tensor_names.cpp|tensor names: a wrong row (self-attention's output projection mapped to the cross-attention's)|"{\"self_attn.o\", \"attn1.to_out.0\"},"|"{\"self_attn.o\", \"attn2.to_out.0\"},"
+102|lib/dlo/config/wan_tensor_names.cpp|tensor names: ComfyUI's 'model.diffusion_model.' prefix not stripped|"const std::string_view bare = std::string_view(n).substr(l.prefix.size());"|"const std::string_view bare = std::string_view(n);"
+103|lib/dlo/config/wan_tensor_names.cpp|a single file's names left as stored (the table never applied)|"  ck.rename_tensors([&](const std::string& n) { return renamed.at(n); });\n"|""
+104|lib/dlo/config/wan_transformer_config.cpp|config from shapes: out_channels taken as proj_out's rows (not divided by the patch)|"c.out_channels = out / per_token;"|"c.out_channels = out;"
+105|lib/dlo/config/wan_transformer_config.cpp|config from shapes: num_layers one short (the highest block index, not + 1)|"std::atoll(name.c_str() + 7) + 1);"|"std::atoll(name.c_str() + 7));"
+106|lib/dlo/config/wan_transformer_config.cpp|config from shapes: in_channels not compared with the folder's (a file of another expert or model accepted)|"DLO_CHECK(shown[k].second == theirs[k].second,"|"DLO_CHECK(k == 0 \x7c\x7c shown[k].second == theirs[k].second,"
+107|lib/dlo/config/wan_transformer_config.cpp|config from shapes: in_channels read from the width|"c.in_channels = patch[1];"|"c.in_channels = patch[0];"
+108|lib/dlo/config/model_info.cpp|the model identity (so the fingerprint) ignores a transformer given as a file (the folder's transformer/ counted instead)|"      if (!given.empty()) {\n        add_given(part, given);"|"      if (false) {\n        add_given(part, given);"
+109|lib/dlo/config/model_info.h|--transformer-2 ignored (the folder's transformer_2/ rendered instead)|"return transformer_2.empty() ? folder(\"transformer_2\") : transformer_2;"|"return folder(\"transformer_2\");"
 EOF
 )
 

@@ -22,6 +22,7 @@
 #include "dlo/dist/collective.h"
 #include "dlo/mpi/mpi_world.h"
 #include "dlo/app/tool.h"
+#include "dlo/config/model_info.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/models/weights.h"
 #include "dlo/offload/runner.h"
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
     if (!note.empty() && world.rank() == 0) std::cerr << "dlo-bench-engine: note: " << note << "\n";
     if (threads > 0) at::set_num_threads(threads);
     const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
-    auto model = dlo::WanTransformer::load(args["model"].as<std::string>() + "/transformer", dtype, false);
+    auto model = dlo::WanTransformer::load(dlo::ModelParts{args["model"].as<std::string>(), "", ""}.folder("transformer"), dtype, false);
     const std::int64_t layers = model.config().num_layers;
     for (auto s : {dlo::Strategy::kResident, dlo::Strategy::kDeviceShards, dlo::Strategy::kMixed,
                    dlo::Strategy::kLayerwise, dlo::Strategy::kDlo}) {

@@ -1,7 +1,7 @@
 // dlo-checkpoint: look at and rewrite safetensors checkpoints.
 //
 //   dlo-checkpoint inspect PATH [--json]
-//   dlo-checkpoint copy SRC DST_DIR [--shard-size 10GB] [--base-name NAME]
+//   dlo-checkpoint copy SRC DST_DIR [--shard-size 10GB] [--base-name NAME] [--wan-names original]
 //   dlo-checkpoint make OUT_DIR [--preset wan-test] [--layers N ...] [--dtype bf16] [--seed S]
 //                      [--components transformer,scheduler,vae] [--vae-preset wan2.1-vae-small]
 //                      [--components ...,text_encoder,tokenizer] [--te-layers N --te-d-ff F ...]
@@ -22,6 +22,7 @@
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
 #include "dlo/app/tool.h"
+#include "dlo/config/wan_tensor_names.h"
 #include "dlo/io/inspect.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
@@ -36,6 +37,7 @@ constexpr const char* kUsage =
     "  inspect PATH [--json]        summarise a checkpoint (file, index or directory)\n"
     "  copy SRC DST_DIR [--shard-size SIZE] [--base-name NAME]\n"
     "                               rewrite a checkpoint, resharded (SIZE 0: one file)\n"
+    "       [--wan-names diffusers|original|comfyui]  a Wan transformer's names rewritten\n"
     "  make OUT_DIR [--preset NAME] [--layers N] [--dim D] ... [--dtype bf16] [--seed S]\n"
     "       [--components transformer,scheduler,vae] [--vae-preset NAME] [--vae-base-dim N]\n"
     "                               write a random-weight model in the diffusers layout\n";
@@ -61,6 +63,8 @@ int copy(int argc, char** argv) {
   cxxopts::Options opts("dlo-checkpoint copy", "Rewrite a checkpoint, resharded");
   opts.add_options()("shard-size", "max bytes per shard (0: one file)", cxxopts::value<std::string>()->default_value("10GB"))(
       "base-name", "file base name (default: the source's)", cxxopts::value<std::string>())(
+      "wan-names", "a Wan transformer's tensors renamed: diffusers, original (the Wan repositories') or comfyui "
+      "(original under 'model.diffusion_model.'); read from any of them", cxxopts::value<std::string>())(
       "src", "source", cxxopts::value<std::string>())("dst", "destination directory", cxxopts::value<std::string>())(
       "h,help", "help");
   opts.parse_positional({"src", "dst"});
@@ -71,7 +75,15 @@ int copy(int argc, char** argv) {
   }
   DLO_CHECK(args.count("src") && args.count("dst"), "copy: need SRC and DST_DIR");
   dlo::check_output_folder(args["dst"].as<std::string>());
-  auto ck = dlo::Checkpoint::open(args["src"].as<std::string>());
+  const std::string names = args.count("wan-names") ? args["wan-names"].as<std::string>() : "";
+  DLO_CHECK(names.empty() || names == "diffusers" || names == "original" || names == "comfyui", "--wan-names: '", names,
+            "' is not diffusers, original or comfyui");
+  auto ck = names.empty() ? dlo::Checkpoint::open(args["src"].as<std::string>())
+                          : dlo::open_wan_transformer(args["src"].as<std::string>());
+  if (names != "" && names != "diffusers")
+    ck.rename_tensors([&](const std::string& n) {
+      return (names == "comfyui" ? "model.diffusion_model." : "") + *dlo::wan_diffusers_to_original(n);
+    });
   dlo::WriteOptions w;
   w.max_shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");
   if (args.count("base-name")) {

@@ -8,6 +8,7 @@
 
 #include "dlo/common/error.h"
 #include "dlo/models/umt5.h"
+#include "dlo/config/model_info.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/models/wan_vae.h"
 #include "dlo/text/tokenizer.h"
@@ -52,7 +53,8 @@ at::Tensor to_tensor(const std::vector<std::int64_t>& v, std::int64_t rows, std:
 
 TensorMap run_component(const std::string& model_dir, const std::string& component, const TensorMap& inputs,
                         const ForwardOptions& options) {
-  const std::string dir = model_dir + "/" + component;
+  const ModelParts parts{model_dir, "", ""};
+  const std::string dir = parts.folder(component);
   ForwardStats scratch;
   ForwardStats& stats = options.stats != nullptr ? *options.stats : scratch;
   // Times `fn` options.repeat times (at least once), recording memory around the passes.
@@ -96,7 +98,7 @@ TensorMap run_component(const std::string& model_dir, const std::string& compone
     const auto prompts = prompts_from(inputs, options, component);
     if (!prompts.empty() || component == "tokenizer") {
       DLO_CHECK(!prompts.empty(), component, ": give --prompt or the inputs 'text' + 'text_lengths'");
-      const auto tok = T5Tokenizer::load(model_dir + "/tokenizer");
+      const auto tok = T5Tokenizer::load(parts.tokenizer());
       const std::int64_t max_len =
           inputs.count("max_sequence_length") ? inputs.at("max_sequence_length").item<std::int64_t>() : 512;
       const bool clean = !inputs.count("clean") || inputs.at("clean").item<std::int64_t>() != 0;

@@ -57,6 +57,9 @@ std::vector<std::int64_t> parse_counts(const std::string& s, const char* flag) {
 int run(dlo::MpiWorld& world, int argc, char** argv) {
   cxxopts::Options opts("dlo-forward", "One forward pass of one model component");
   opts.add_options()("model", "model directory (diffusers layout)", cxxopts::value<std::string>())(
+      "transformer", "the transformer's weights instead of the folder's transformer/ (as dlo-generate --transformer)",
+      cxxopts::value<std::string>())(
+      "transformer-2", "the low-noise expert's weights instead of transformer_2/", cxxopts::value<std::string>())(
       "component", "transformer, transformer_2 (Wan2.2 A14B's low-noise expert, as transformer), vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
       "with the config's latents_mean/std as WanPipeline does, then decoded: output [B, 3, 1 + 4 (F - 1), 8 H, 8 W] "
       "in [-1, 1]), text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
@@ -103,6 +106,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     return 0;
   }
   for (const char* required : {"model", "component", "out"}) DLO_CHECK(args.count(required), "missing --", required);
+  for (const char* given : {"transformer", "transformer-2"})
+    DLO_CHECK(!args.count(given) || args["component"].as<std::string>().rfind("transformer", 0) == 0, "--", given,
+              " is for --component transformer or transformer_2");
   world.set_timeout_s(dlo::gather_timeout_setting(std::getenv("DLO_GATHER_TIMEOUT_S")));
   const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
   std::string note;
@@ -147,7 +153,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
 
   if (component == "transformer" || component == "transformer_2") {
     dlo::TransformerJobOptions jo;
-    jo.model_dir = args["model"].as<std::string>();
+    jo.model.dir = args["model"].as<std::string>();
+    if (args.count("transformer")) jo.model.transformer = args["transformer"].as<std::string>();
+    if (args.count("transformer-2")) jo.model.transformer_2 = args["transformer-2"].as<std::string>();
     jo.expert = component;
     jo.dtype = dtype;
     jo.offload = dlo::parse_strategy_request(args["offload"].as<std::string>(), "--offload");

@@ -55,9 +55,11 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   const WaveDevice dev = agree_device(world, o.device, o.host_id, "--device");
   device = dev.device;
   try {
-    DLO_CHECK(o.expert != "transformer_2" || std::filesystem::is_directory(o.model_dir + "/transformer_2"),
-              "--component transformer_2: ", o.model_dir, " has no transformer_2/ (a model with one transformer)");
-    model.emplace(WanTransformer::load(o.model_dir + "/" + o.expert, o.dtype, /*load_blocks=*/false));
+    const bool second = o.expert == "transformer_2";
+    DLO_CHECK(!second || !o.model.transformer_2.empty() || std::filesystem::is_directory(o.model.folder("transformer_2")),
+              "--component transformer_2: ", o.model.dir, " has no transformer_2/ (a model with one transformer)");
+    model.emplace(WanTransformer::load(second ? o.model.transformer_2_weights() : o.model.transformer_weights(),
+                                       read_expert_config(o.model, second), o.dtype, /*load_blocks=*/false));
     const auto& c = model->config();
     const std::size_t nbranch = o.guidance ? 2 : 1;
     // The shapes of the run, checked before anything is allocated for it.

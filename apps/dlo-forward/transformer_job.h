@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dlo/config/model_info.h"
 #include "dlo/dist/device.h"
 #include "dlo/offload/strategy.h"
 
@@ -19,8 +20,8 @@ namespace dlo {
 class MpiWorld;
 
 struct TransformerJobOptions {
-  std::string model_dir;                 // model root (holds transformer/)
-  std::string expert = "transformer";    // its folder: transformer, or transformer_2 (Wan2.2 A14B's low-noise expert)
+  ModelParts model;                      // the model folder (and any transformer weights given instead of its own)
+  std::string expert = "transformer";    // transformer, or transformer_2 (Wan2.2 A14B's low-noise expert)
   at::ScalarType dtype = at::kFloat;
   StrategyRequest offload;               // default auto
   DeviceRequest device;                  // default auto

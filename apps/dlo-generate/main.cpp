@@ -112,10 +112,12 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   // proves it holds what rank 0 planned with: no rank renders from other weights.
   dlo::ModelInfo model;
   try {
-    model = dlo::read_model_info(plan.model_dir);
+    model = dlo::read_model_info(plan.model);
     if (world.rank() != 0) {
-      const std::string mine = dlo::model_identity(plan.model_dir);
-      DLO_CHECK(mine == plan.model_identity, "the model folder '", plan.model_dir, "' holds other files here than on rank 0 ",
+      const std::string mine = dlo::model_identity(plan.model);
+      DLO_CHECK(mine == plan.model_identity, "the model folder '", plan.model.dir, "'",
+                plan.model.transformer.empty() && plan.model.transformer_2.empty() ? "" : " (with the transformer weights given)",
+                " holds other files here than on rank 0 ",
                 "(identity ", mine, ", rank 0's ", plan.model_identity, "): every rank must render from the same weights");
     }
   } catch (const dlo::Error& e) {
@@ -133,10 +135,10 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
                                           ")")
                                : "")
               << "; model "
-              << plan.model_dir << "; output " << plan.output_dir << "; " << world.size() << " rank(s), "
+              << plan.model.dir << "; output " << plan.output_dir << "; " << world.size() << " rank(s), "
               << at::get_num_threads() << " thread(s) each (" << threads_why << ")\n";
   } else if (talk) {
-    std::cerr << world.tag() << " model " << model.dir << "; " << dlo::job_parameters_text(plan.jobs[0].spec, model) << "\n";
+    std::cerr << world.tag() << " model " << model.parts.dir << "; " << dlo::job_parameters_text(plan.jobs[0].spec, model) << "\n";
     std::cerr << world.tag() << " " << at::get_num_threads() << " thread(s) per rank (" << threads_why << "); " << world.size()
               << " rank(s) share the transformer's weights (how they split the job: the topology, at the end)\n";
   }

@@ -23,7 +23,7 @@ using dlo::test::kVideoFormats;
 
 dlo::ModelInfo tiny_model() {
   dlo::ModelInfo info;
-  info.dir = "m";
+  info.parts.dir = "m";
   info.transformer = dlo::WanTransformerConfig::preset("wan-test");  // rope_max_seq_len 32
   return info;
 }

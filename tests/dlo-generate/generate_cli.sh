@@ -21,7 +21,10 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$BIN/dlo-generate" --help >"$T/help"
 n=$(grep -cE -- "--fail-|--test-|--slow-decode|--await-prepared|test hooks" "$T/help" || true)
 [ "$n" = 0 ] || fail "dlo-generate --help shows $n test-hook line(s)"
-"$BIN/dlo-generate-testhooks" --help | grep -q -- "--fail-job" || fail "dlo-generate-testhooks lacks --fail-job"
+# (Into a file: grep -q leaves a pipe at its match, and a help text past stdio's second 4 KiB block
+# then dies of SIGPIPE, which pipefail reports.)
+"$BIN/dlo-generate-testhooks" --help >"$T/hooks-help"
+grep -q -- "--fail-job" "$T/hooks-help" || fail "dlo-generate-testhooks lacks --fail-job"
 set +e; "${GEN[@]}" --out "$T/x.mp4" --fail-job 0 >/dev/null 2>"$T/stderr"; rc=$?; set -e
 [ "$rc" = 2 ] && grep -q "fail-job" "$T/stderr" || fail "dlo-generate --fail-job: exit $rc: $(cat "$T/stderr")"
 echo "ok: dlo-generate --help shows no test hook (0 lines) and refuses --fail-job; dlo-generate-testhooks has them"

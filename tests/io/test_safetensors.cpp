@@ -107,6 +107,25 @@ TEST_CASE("files exactly at each bound parse (the malformed cases one byte over 
   }
 }
 
+TEST_CASE("rename_tensors: new names over the same mapped bytes; two tensors given one name refused") {
+  TempDir dir;
+  const auto specs = small_specs();
+  const std::string path = dir.file("one.safetensors");
+  write_safetensors_file(path, specs, fill_pattern, {});
+  auto ck = Checkpoint::open(path);
+  const std::byte* before = ck.data(ck.at(specs[0].name));
+  ck.rename_tensors([](const std::string& n) { return "renamed." + n; });
+  CHECK(ck.find(specs[0].name) == nullptr);
+  const TensorInfo& t = ck.at("renamed." + specs[0].name);
+  CHECK(ck.data(t) == before);  // the same bytes of the same mapping: no copy
+  CHECK(&ck.file_of(t) == ck.files()[0].get());
+  CHECK(ck.tensors().size() == specs.size());
+  const std::string msg = dlo::test::error_of([&] { ck.rename_tensors([](const std::string&) { return std::string("x"); }); });
+  CHECK(msg.find(path + ": tensors '") == 0);
+  CHECK(msg.find("would both be 'x'") != std::string::npos);
+  CHECK(ck.find("renamed." + specs[0].name) != nullptr);  // a refused rename changes nothing
+}
+
 TEST_CASE("writer output reads back byte for byte, single file and sharded") {
   TempDir dir;
   const auto specs = small_specs();

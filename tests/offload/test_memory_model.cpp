@@ -25,7 +25,7 @@ ModelInfo info_of(const WanTransformerConfig& c) {
   std::filesystem::create_directories(dir.file("text_encoder"));
   std::filesystem::create_directories(dir.file("vae"));
   ModelInfo m;
-  m.dir = dir.path().string();
+  m.parts.dir = dir.path().string();
   m.transformer = c;
   m.vae = WanVaeConfig::preset("wan2.1-vae");
   return m;

@@ -313,7 +313,7 @@ TEST_CASE("a --prompt job from flags: parsed by the table, the seed drawn when n
 
 TEST_CASE("a --prompt job's values from dlo_defaults.json: named at the file, moot beside a flag as in a manifest") {
   dlo::ModelInfo info;
-  info.dir = "m";
+  info.parts.dir = "m";
   info.transformer = dlo::WanTransformerConfig::preset("wan-test");
   info.transformer_2 = info.transformer;
   info.boundary_ratio = 0.875;

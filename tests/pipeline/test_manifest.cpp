@@ -713,6 +713,20 @@ TEST_CASE("the batch's topology keys: sp and cfg_parallel, checked with their li
         "m.yaml:3:17: job 0 (id 'job-0000'): unknown key 'sp' (sp is a top-level key: one per manifest)");
 }
 
+TEST_CASE("the top-level transformer keys: paths resolved against the manifest's folder, checked with their line") {
+  TempDir d;
+  fs::create_directories(d.path() / "sub");
+  Loaded r = load(d, "sub/m.yaml", "model: m\ntransformer: w/high.safetensors\ntransformer_2: /abs/low\njobs: [a]\n");
+  CHECK(r.problems.empty());
+  CHECK(r.manifest.transformer == "sub/w/high.safetensors");
+  CHECK(r.manifest.transformer_2 == "/abs/low");
+  r = load(d, "m.yaml", "model: m\njobs: [a]\n");
+  CHECK(r.manifest.transformer.empty());
+  CHECK(r.manifest.transformer_2.empty());
+  CHECK(one_problem(d, "model: m\ntransformer: [a]\njobs: [a]\n") == "m.yaml:2:1: transformer: must be a path (a string), got a list");
+  CHECK(one_problem(d, "model: m\ntransformer_2: ''\njobs: [a]\n") == "m.yaml:2:1: transformer_2: is empty");
+}
+
 TEST_CASE("odd output names are refused when the manifest is read (V14): blank, spaced, '-', no extension, the output folder") {
   TempDir d;
   const std::string h = kHead;

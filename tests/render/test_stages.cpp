@@ -156,7 +156,7 @@ TEST_CASE("every stage of WanPipeline, step by step: contexts, latents, timestep
   TempDir d;
   const std::string dir = make_golden_model(d);
   const dlo::ModelInfo info = dlo::read_model_info(dir);
-  const dlo::PromptEncoder text(dir, at::kFloat);
+  const dlo::PromptEncoder text(dlo::ModelParts{dir, "", ""}, at::kFloat);
   const dlo::WanTransformer transformer = dlo::WanTransformer::load(dir + "/transformer", at::kFloat, false);
   dlo::WanOffloadRunner runner(transformer, 1);
   runner.start(dlo::EngineOptions{});  // resident at one rank
@@ -219,7 +219,7 @@ TEST_CASE("two experts, guidance_2 unset: the low-noise expert guided with guida
   }
   const dlo::ModelInfo info = dlo::read_model_info(dir);
   REQUIRE(info.transformer_2.has_value());
-  const dlo::PromptEncoder text(dir, at::kFloat);
+  const dlo::PromptEncoder text(dlo::ModelParts{dir, "", ""}, at::kFloat);
   const dlo::WanTransformer high = dlo::WanTransformer::load(dir + "/transformer", at::kFloat, false);
   const dlo::WanTransformer low = dlo::WanTransformer::load(dir + "/transformer_2", at::kFloat, false);
   dlo::WanOffloadRunner high_runner(high, 1), low_runner(low, 1);
@@ -261,7 +261,7 @@ TEST_CASE("a step whose computation fails throws BlockComputeError after a compl
   TempDir d;
   const std::string dir = make_golden_model(d);
   const dlo::ModelInfo info = dlo::read_model_info(dir);
-  const dlo::PromptEncoder text(dir, at::kFloat);
+  const dlo::PromptEncoder text(dlo::ModelParts{dir, "", ""}, at::kFloat);
   const dlo::WanTransformer transformer = dlo::WanTransformer::load(dir + "/transformer", at::kFloat, false);
   dlo::WanOffloadRunner runner(transformer, 1);
   dlo::EngineOptions eo;
@@ -301,7 +301,7 @@ TEST_CASE("a step whose computation fails throws BlockComputeError after a compl
 
 TEST_CASE("two experts: the expert of a step at the boundary's edges, compared in fp32 as WanPipeline's t >= boundary") {
   dlo::ModelInfo info;
-  info.dir = "m";
+  info.parts.dir = "m";
   info.transformer = dlo::WanTransformerConfig::preset("wan-test");
   info.transformer_2 = info.transformer;
   for (const char* kind : {"unipc", "euler"}) {

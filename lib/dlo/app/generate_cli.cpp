@@ -32,6 +32,11 @@ cxxopts::Options generate_flag_table(const AppOutputs& outputs) {
   cxxopts::Options opts(outputs.build, "Text to video with a Wan2.1 text-to-video model (diffusers layout)");
   opts.add_options()("model", "model folder (diffusers layout: transformer/, vae/, text_encoder/, tokenizer/, scheduler/)",
                      cxxopts::value<std::string>())(
+      "transformer", "the transformer's weights instead of the folder's transformer/: a .safetensors file or a folder "
+      "of shards with an index, in diffusers', the original Wan or ComfyUI's tensor names (config from the shapes, "
+      "checked against the folder's)", cxxopts::value<std::string>())(
+      "transformer-2", "two experts: the low-noise expert's weights instead of transformer_2/ (as --transformer)",
+      cxxopts::value<std::string>())(
       "jobs", "a batch: a YAML manifest or a .txt file of prompts (docs/manifest.md)", cxxopts::value<std::string>())(
       "output-dir", "batch: where videos and results.jsonl go (default: the manifest's output_dir)",
       cxxopts::value<std::string>())("force", "batch: render every job again, also those done or changed since")(
@@ -98,17 +103,28 @@ TopologyFlags topology_flags(const cxxopts::ParseResult& a) {
   return f;
 }
 
+ModelParts model_parts_from_flags(const cxxopts::ParseResult& a) {
+  ModelParts m{canonical_path(a["model"].as<std::string>()), "", ""};
+  for (const auto& [flag, given] : {std::pair<const char*, std::string*>{"transformer", &m.transformer}, {"transformer-2", &m.transformer_2}})
+    if (a.count(flag)) {
+      *given = a[flag].as<std::string>();
+      DLO_CHECK(!given->empty(), "--", flag, " is empty");
+      *given = canonical_path(*given);
+    }
+  return m;
+}
+
 BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& flags, const AppOutputs& outputs,
                            const std::string& dtypes, int ranks) {
   DLO_CHECK(a.count("model"), "missing --model DIR");
   DLO_CHECK(!a.count("output-dir") && !a.count("dry-run") && !a.count("force"),
             "--output-dir, --dry-run and --force are for batches (--jobs)");
   BatchPlan p;
-  p.model_dir = canonical_path(a["model"].as<std::string>());
+  p.model = model_parts_from_flags(a);
   // The seed: given, or drawn here (on rank 0, which renders) and recorded in the metadata.
-  const ModelInfo model = read_model_info(p.model_dir);
+  const ModelInfo model = read_model_info(p.model);
   JobSpec job = prompt_job(flags, outputs.names(), std::random_device{}() & 0xffffffffu,
-                                     read_model_job_defaults(p.model_dir));
+                                     read_model_job_defaults(p.model.dir));
   check_prompt_job(job, model, outputs.names(), flags);
   check_topology(batch_topology_request(topology_flags(a), "", ""), model, {&job}, ranks);
   if (a.count("out")) {
@@ -116,8 +132,8 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& 
     DLO_CHECK(why.empty(), "--out: ", why);
   }
   for (const std::string* out : {&job.output, &job.save_latents})
-    DLO_CHECK(out->empty() || (canonical_path(*out) + "/").rfind(p.model_dir + "/", 0) != 0, "--",
-              out == &job.output ? "out" : "save-latents", ": '", *out, "' is inside the model folder '", p.model_dir, "'");
+    DLO_CHECK(out->empty() || (canonical_path(*out) + "/").rfind(p.model.dir + "/", 0) != 0, "--",
+              out == &job.output ? "out" : "save-latents", ": '", *out, "' is inside the model folder '", p.model.dir, "'");
   with_context("--out", [&] { outputs.format(job.format).check(job, model); });
   if (a.count("out")) {
     // As in a manifest: a video's name says its format (a PNG folder's has no extension). After
@@ -132,7 +148,7 @@ BatchPlan prompt_plan_from_flags(const cxxopts::ParseResult& a, const JobFlags& 
   if (!job.save_latents.empty()) with_context("--save-latents", [&] { check_output_path(job.save_latents); });
   job.output = canonical_path(job.output);
   if (!job.save_latents.empty()) job.save_latents = canonical_path(job.save_latents);
-  p.model_identity = model_identity(p.model_dir);
+  p.model_identity = model_identity(p.model);
   p.jobs.push_back({job, 0, job_fingerprint(job, model, p.model_identity, dtypes)});
   return p;
 }
@@ -156,6 +172,11 @@ BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, c
   o.flags = std::move(flags);
   if (a.count("model")) o.model = a["model"].as<std::string>();
   if (a.count("output-dir")) o.output_dir = a["output-dir"].as<std::string>();
+  for (const auto& [flag, given] : {std::pair<const char*, std::string*>{"transformer", &o.transformer}, {"transformer-2", &o.transformer_2}})
+    if (a.count(flag)) {
+      *given = a[flag].as<std::string>();
+      DLO_CHECK(!given->empty(), "--", flag, " is empty");
+    }
   o.formats = outputs.names();
   o.force = a.count("force") > 0;
   o.dry_run = a.count("dry-run") > 0;

@@ -32,6 +32,9 @@ GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& args);
 // The topology flags given (--sp, --cfg-parallel), for batch_topology_request. Errors name the flag.
 TopologyFlags topology_flags(const cxxopts::ParseResult& args);
 
+// --model with --transformer / --transformer-2 (canonical paths). Errors name the flag.
+ModelParts model_parts_from_flags(const cxxopts::ParseResult& args);
+
 // Rank 0: the plan of one --prompt job (the model's defaults, then the flags; a seed drawn when
 // none is given), every check made before any weight is read (its topology on `ranks` ranks
 // included). `dtypes` is dtypes_label(options).

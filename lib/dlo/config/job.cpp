@@ -539,7 +539,10 @@ std::string job_parameters_json(const JobSpec& job, const ModelInfo& info, const
   for (const auto& f : job_fields())
     if (f.in_parameters)
       if (auto v = effective_value(f, job, info)) j[f.key] = to_json_value(*v);
-  j["model"] = info.dir;
+  j["model"] = info.parts.dir;
+  // A transformer given as its own weights (only then, so other videos' metadata stays as it was).
+  if (!info.parts.transformer.empty()) j["transformer"] = info.parts.transformer;
+  if (!info.parts.transformer_2.empty()) j["transformer_2"] = info.parts.transformer_2;
   j["dlo_version"] = dlo_version();
   if (!fingerprint.empty()) j["fingerprint"] = fingerprint;
   return j.dump();
@@ -583,7 +586,9 @@ std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
                                 : std::string(),
              "; scheduler ",
              noise_scheduler_name(s.kind), " (flow shift ", number(s.flow_shift), "); ", job.width, "x", job.height,
-             ", ", job.frames, " frames at ", job.fps, " fps; model ", info.dir, "; dlo ", dlo_version());
+             ", ", job.frames, " frames at ", job.fps, " fps; model ", info.parts.dir,
+             info.parts.transformer.empty() ? std::string() : str(" with transformer ", info.parts.transformer),
+             info.parts.transformer_2.empty() ? std::string() : str(" and transformer_2 ", info.parts.transformer_2), "; dlo ", dlo_version());
 }
 
 std::string jobs_to_json(const std::vector<JobSpec>& jobs) {

@@ -13,6 +13,7 @@
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
 #include "dlo/common/sha256.h"
+#include "dlo/config/wan_tensor_names.h"
 #include "dlo/io/json_config.h"
 
 #include <nlohmann/json.hpp>
@@ -142,15 +143,31 @@ ModelIndex check_model_index(const JsonConfig& j) {
 
 }  // namespace
 
-std::string model_identity(const std::string& dir) {
+std::string model_identity(const ModelParts& parts) {
+  const std::string& dir = parts.dir;
   return with_context(str("model folder '", dir, "'"), [&] {
     Sha256 h;
-    const auto add = [&](const std::string& rel) {
-      h.update(rel.data(), rel.size() + 1);  // with its NUL: names and contents cannot run together
-      hash_file(h, dir + "/" + rel);
+    const auto add_named = [&](const std::string& name, const std::string& path) {
+      h.update(name.data(), name.size() + 1);  // with its NUL: names and contents cannot run together
+      hash_file(h, path);
+    };
+    const auto add = [&](const std::string& rel) { add_named(rel, dir + "/" + rel); };
+    // A transformer given as its own weights: its file (by content, not by name or place), or every
+    // file of its folder by name. Marked, so it never reads as the folder's transformer/.
+    const auto add_given = [&](const std::string& part, const std::string& path) {
+      const std::string tag = part + " (given)";
+      if (!is_dir(path)) return add_named(tag, path);
+      for (const auto& name : files_of(path)) add_named(tag + "/" + name, path + "/" + name);
     };
     add("model_index.json");
     for (const char* part : {"scheduler", "text_encoder", "tokenizer", "transformer", "transformer_2", "vae"}) {
+      const std::string& given = std::strcmp(part, "transformer") == 0     ? parts.transformer
+                                 : std::strcmp(part, "transformer_2") == 0 ? parts.transformer_2
+                                                                           : std::string();
+      if (!given.empty()) {
+        add_given(part, given);
+        continue;
+      }
       // transformer_2/ only where there is one: a Wan2.1 folder's identity is what it always was.
       if (std::strcmp(part, "transformer_2") == 0 && !is_dir(dir + "/" + part)) continue;
       for (const auto& name : files_of(dir + "/" + part)) add(std::string(part) + "/" + name);
@@ -159,9 +176,9 @@ std::string model_identity(const std::string& dir) {
   });
 }
 
-std::vector<std::string> ModelInfo::expert_dirs() const {
-  if (two_experts()) return {"transformer", "transformer_2"};
-  return {"transformer"};
+std::vector<std::string> ModelInfo::expert_weights() const {
+  if (two_experts()) return {parts.transformer_weights(), parts.transformer_2_weights()};
+  return {parts.transformer_weights()};
 }
 
 std::vector<WanTransformerConfig> ModelInfo::expert_configs() const {
@@ -177,27 +194,42 @@ std::vector<std::int64_t> ModelInfo::latent_shape(std::int64_t frames, std::int6
           width / vae.scale_factor_spatial};
 }
 
-ModelInfo read_model_info(const std::string& dir) {
+WanTransformerConfig read_expert_config(const ModelParts& parts, bool second) {
+  const std::string part = second ? "transformer_2" : "transformer";
+  const std::string& given = second ? parts.transformer_2 : parts.transformer;
+  const std::string json = parts.folder(part) + "/config.json";
+  if (given.empty()) return WanTransformerConfig::from_json(JsonConfig::load(json));
+  std::optional<WanTransformerConfig> folder;
+  if (::access(json.c_str(), F_OK) == 0) folder = WanTransformerConfig::from_json(JsonConfig::load(json));
+  return infer_wan_transformer_config(tensor_shapes(open_wan_transformer(given)), folder ? &*folder : nullptr,
+                                      str(part, " weights '", given, "'"));
+}
+
+ModelInfo read_model_info(const ModelParts& parts) {
+  const std::string& dir = parts.dir;
   return with_context(str("model folder '", dir, "'"), [&] {
     DLO_CHECK(is_dir(dir), "not a folder");
     std::vector<std::string> missing;
     for (const char* part : {"transformer", "vae", "text_encoder", "tokenizer", "scheduler"})
-      if (!is_dir(dir + "/" + part)) missing.push_back(part);
+      if (!is_dir(parts.folder(part)) && !(std::strcmp(part, "transformer") == 0 && !parts.transformer.empty()))
+        missing.push_back(part);
     if (!missing.empty()) {
       std::string list;
       for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m + "/";
       DLO_CHECK(false, "lacks ", list, " (a diffusers Wan2.1 text-to-video folder has transformer/, vae/, ",
                 "text_encoder/, tokenizer/ and scheduler/)");
     }
-    check_regular_file(dir + "/model_index.json");
-    const ModelIndex index = check_model_index(JsonConfig::load(dir + "/model_index.json"));
+    check_regular_file(parts.index());
+    const ModelIndex index = check_model_index(JsonConfig::load(parts.index()));
+    DLO_CHECK(parts.transformer_2.empty() || index.transformer_2, "the low-noise expert's weights are given ('",
+              parts.transformer_2, "'), but the model has one transformer (model_index.json names no transformer_2)");
     ModelInfo info;
-    info.dir = dir;
-    info.transformer = WanTransformerConfig::from_json(JsonConfig::load(dir + "/transformer/config.json"));
+    info.parts = parts;
+    info.transformer = read_expert_config(parts, false);
     if (index.transformer_2) {
-      DLO_CHECK(is_dir(dir + "/transformer_2"), "model_index.json names transformer_2 (the low-noise expert) but the ",
-                "folder has no transformer_2/");
-      const WanTransformerConfig t2 = WanTransformerConfig::from_json(JsonConfig::load(dir + "/transformer_2/config.json"));
+      DLO_CHECK(!parts.transformer_2.empty() || is_dir(parts.folder("transformer_2")),
+                "model_index.json names transformer_2 (the low-noise expert) but the folder has no transformer_2/");
+      const WanTransformerConfig t2 = read_expert_config(parts, true);
       const WanTransformerConfig& t1 = info.transformer;
       // Both experts denoise the same latents against the same text: what they exchange must agree.
       const auto differ = [&](const char* field, auto a, auto b) {
@@ -221,14 +253,14 @@ ModelInfo read_model_info(const std::string& dir) {
                 "model_index.json: field 'expand_timesteps' is true, but the transformer's patch_size is [", p[0], ", ",
                 p[1], ", ", p[2], "]; WanPipeline's per-token timestep (mask[:, ::2, ::2]) needs [1, 2, 2]");
     }
-    info.vae = WanVaeConfig::from_json(JsonConfig::load(dir + "/vae/config.json"));
+    info.vae = WanVaeConfig::from_json(JsonConfig::load(parts.vae() + "/config.json"));
     DLO_CHECK(info.vae.video_channels() == 3, "vae/config.json: field 'out_channels' is ", info.vae.out_channels,
               info.vae.patch() > 1 ? str(" (", info.vae.video_channels(), " channels after unpatchify of patch_size ",
                                          info.vae.patch(), ")")
                                    : std::string(),
               "; dlo writes RGB video (3 channels)");
-    info.text_encoder = Umt5Config::from_json(JsonConfig::load(dir + "/text_encoder/config.json"));
-    info.scheduler = NoiseSchedulerConfig::from_json_file(dir + "/scheduler/scheduler_config.json");
+    info.text_encoder = Umt5Config::from_json(JsonConfig::load(parts.text_encoder() + "/config.json"));
+    info.scheduler = NoiseSchedulerConfig::from_json_file(parts.scheduler() + "/scheduler_config.json");
     DLO_CHECK(info.text_encoder.d_model == info.transformer.text_dim, "the text encoder's d_model (",
               info.text_encoder.d_model, ") differs from the transformer's text_dim (", info.transformer.text_dim, ")");
     DLO_CHECK(info.transformer.in_channels == info.vae.z_dim && info.transformer.out_channels == info.vae.z_dim,

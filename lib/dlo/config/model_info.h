@@ -16,8 +16,29 @@
 
 namespace dlo {
 
+// Where a model's parts are: a diffusers model folder's sub-folders, except a transformer given
+// as its own weights (--transformer FILE: a single .safetensors file, an index, or a folder of
+// shards, in diffusers', the original Wan or ComfyUI's names). Every path to a part is asked of
+// this, not composed elsewhere.
+struct ModelParts {
+  std::string dir;                         // the diffusers model folder
+  std::string transformer, transformer_2;  // weights given instead of transformer/, transformer_2/ ("": none)
+
+  std::string index() const { return dir + "/model_index.json"; }
+  // The transformer's weights: the file given, else the folder's transformer/ (and so for
+  // transformer_2). What WanTransformer::load and open_wan_transformer read.
+  std::string transformer_weights() const { return transformer.empty() ? folder("transformer") : transformer; }
+  std::string transformer_2_weights() const { return transformer_2.empty() ? folder("transformer_2") : transformer_2; }
+  std::string vae() const { return folder("vae"); }
+  std::string text_encoder() const { return folder("text_encoder"); }
+  std::string tokenizer() const { return folder("tokenizer"); }
+  std::string scheduler() const { return folder("scheduler"); }
+  // `dir`/`part`: a part's folder (its config.json there, whether or not its weights are).
+  std::string folder(const std::string& part) const { return dir + "/" + part; }
+};
+
 struct ModelInfo {
-  std::string dir;
+  ModelParts parts;
   WanTransformerConfig transformer;
   // Wan2.2 A14B: the low-noise expert (transformer_2/) and model_index.json's boundary_ratio; both
   // set or both unset. WanPipeline runs a step with `transformer` while its timestep t >=
@@ -31,8 +52,9 @@ struct ModelInfo {
   Umt5Config text_encoder;
   NoiseSchedulerConfig scheduler;
   bool two_experts() const { return transformer_2.has_value(); }
-  // The experts' folder names ("transformer", then "transformer_2" for two experts) and configs.
-  std::vector<std::string> expert_dirs() const;
+  // The experts' weights (ModelParts::transformer_weights, then transformer_2's for two experts)
+  // and configs.
+  std::vector<std::string> expert_weights() const;
   std::vector<WanTransformerConfig> expert_configs() const;
   // Height and width must be multiples of this (VAE spatial factor x transformer patch), frames
   // of the form temporal * k + 1.
@@ -45,16 +67,29 @@ struct ModelInfo {
 // Reads `dir`'s model_index.json and the configs of transformer/ (and transformer_2/ when the
 // index names it), vae/, text_encoder/, scheduler/ and checks that tokenizer/ is there, and that
 // the parts fit together (text encoder width = transformer text_dim, VAE z_dim = transformer
-// channels, both experts on the same latents and text, an RGB video out of the VAE). Throws
-// dlo::Error naming the folder, the part and the field.
-ModelInfo read_model_info(const std::string& dir);
+// channels, both experts on the same latents and text, an RGB video out of the VAE). A transformer
+// given as its own weights (ModelParts::transformer, transformer_2) has its config from its
+// tensors' shapes (infer_wan_transformer_config, headers only), checked against the folder's
+// transformer config where the folder has one (then the folder may lack the weights, or the
+// sub-folder altogether); transformer_2 given for a model of one transformer is an error. Throws
+// dlo::Error naming the folder or file, the part and the field.
+ModelInfo read_model_info(const ModelParts& parts);
+// One expert's config as read_model_info reads it (`second`: transformer_2): its folder's
+// config.json, or for weights given, their shapes' (checked against the folder's config.json when
+// there is one). Throws dlo::Error naming the file.
+WanTransformerConfig read_expert_config(const ModelParts& parts, bool second);
+inline ModelInfo read_model_info(const std::string& dir) { return read_model_info(ModelParts{dir, "", ""}); }
 
 // What a model folder holds, as 16 hex digits of a sha256: its model_index.json and every file of
 // transformer/, transformer_2/ (when there is one), vae/, text_encoder/, tokenizer/ and scheduler/ by name, size and content, where a
 // checkpoint's content is its header and 16 samples of 4 KiB spread over its data (about 64 KiB
 // read per file, whatever its size). The same files give the same identity wherever the folder
 // is; new weights differ even under an unchanged header. For resume (job_fingerprint). Throws
-// dlo::Error naming a file it cannot read.
-std::string model_identity(const std::string& dir);
+// dlo::Error naming a file it cannot read. A transformer given as its own weights
+// (ModelParts::transformer, transformer_2) stands in for its sub-folder: its file, or every file
+// of its folder, by name and content as above (so another file, or the same file's weights
+// changed, give another identity; the folder's own transformer/ no longer counts).
+std::string model_identity(const ModelParts& parts);
+inline std::string model_identity(const std::string& dir) { return model_identity(ModelParts{dir, "", ""}); }
 
 }  // namespace dlo

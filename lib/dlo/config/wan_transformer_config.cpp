@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -220,6 +222,111 @@ std::vector<TensorSpec> wan_transformer_specs(const WanTransformerConfig& c, DTy
       out.push_back(std::move(spec));
     }
   return out;
+}
+
+namespace {
+
+std::string wan_shape_text(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string first_names(const std::vector<std::string>& names) {
+  std::string list;
+  for (std::size_t i = 0; i < names.size() && i < 5; ++i) list += (i ? ", " : "") + names[i];
+  if (names.size() > 5) list += str(" and ", names.size() - 5, " more");
+  return list;
+}
+
+// The fields tensor shapes show, as (name, value) text pairs in config.json's terms; `width` is
+// num_attention_heads x attention_head_dim (the shapes show the product only).
+std::vector<std::pair<std::string, std::string>> shown_fields(const WanTransformerConfig& c, std::int64_t width) {
+  const auto& p = c.patch_size;
+  return {{"in_channels", std::to_string(c.in_channels)},
+          {"out_channels", std::to_string(c.out_channels)},
+          {"width (num_attention_heads x attention_head_dim)", std::to_string(width)},
+          {"ffn_dim", std::to_string(c.ffn_dim)},
+          {"num_layers", std::to_string(c.num_layers)},
+          {"text_dim", std::to_string(c.text_dim)},
+          {"freq_dim", std::to_string(c.freq_dim)},
+          {"patch_size", wan_shape_text({p[0], p[1], p[2]})},
+          {"cross_attn_norm", c.cross_attn_norm ? "true" : "false"}};
+}
+
+}  // namespace
+
+WanTransformerConfig infer_wan_transformer_config(const TensorShapeMap& shapes, const WanTransformerConfig* folder,
+                                                  const std::string& label, std::string* matched) {
+  return with_context(label, [&] {
+    const auto shape = [&](const std::string& name, std::size_t rank) -> const std::vector<std::int64_t>& {
+      const auto it = shapes.find(name);
+      DLO_CHECK(it != shapes.end(), "no tensor '", name, "' (diffusers' name), which every Wan transformer has");
+      DLO_CHECK(it->second.size() == rank, "tensor '", name, "' has shape ", wan_shape_text(it->second), ", not ", rank,
+                " dimensions");
+      return it->second;
+    };
+    const auto& patch = shape("patch_embedding.weight", 5);
+    WanTransformerConfig c;
+    const std::int64_t dim = patch[0];
+    c.in_channels = patch[1];
+    c.patch_size = {patch[2], patch[3], patch[4]};
+    const std::int64_t per_token = patch[2] * patch[3] * patch[4];
+    const std::int64_t out = shape("proj_out.weight", 2)[0];
+    DLO_CHECK(per_token > 0 && out % per_token == 0, "proj_out.weight's ", out, " rows are not a multiple of the patch's ",
+              per_token, " positions");
+    c.out_channels = out / per_token;
+    c.text_dim = shape("condition_embedder.text_embedder.linear_1.weight", 2)[1];
+    c.freq_dim = shape("condition_embedder.time_embedder.linear_1.weight", 2)[1];
+    c.ffn_dim = shape("blocks.0.ffn.net.0.proj.weight", 2)[0];
+    c.cross_attn_norm = shapes.count("blocks.0.norm2.weight") > 0;
+    c.num_layers = 0;
+    for (const auto& [name, s] : shapes)
+      if (name.compare(0, 7, "blocks.") == 0) c.num_layers = std::max<std::int64_t>(c.num_layers, std::atoll(name.c_str() + 7) + 1);
+    // What the shapes cannot show: the folder's config, else the known config the shapes match.
+    const auto shown = shown_fields(c, dim);
+    if (folder != nullptr) {
+      const auto theirs = shown_fields(*folder, folder->dim());
+      for (std::size_t k = 0; k < shown.size(); ++k)
+        DLO_CHECK(shown[k].second == theirs[k].second, "its tensors give ", shown[k].first, " ", shown[k].second,
+                  ", the model folder's transformer config has ", theirs[k].second,
+                  " (a file of another model, or of another expert?)");
+      c = *folder;
+    } else {
+      std::string known, found;
+      for (const auto& name : WanTransformerConfig::preset_names()) {
+        const WanTransformerConfig k = WanTransformerConfig::preset(name);
+        known += (known.empty() ? "" : ", ") + name;
+        if (found.empty() && shown_fields(k, k.dim()) == shown) {
+          found = name;
+          c = k;
+        }
+      }
+      std::string given;
+      for (const auto& [field, value] : shown) given += (given.empty() ? "" : ", ") + field + " " + value;
+      DLO_CHECK(!found.empty(), "its tensors give a transformer no known config has (", given, "); known: ", known,
+                ". Beside a model folder's transformer config of this shape it is read with that config");
+      if (matched != nullptr) *matched = found;
+    }
+    // Every tensor the config implies, with its shape, and nothing else.
+    std::vector<std::string> missing, misshapen, unexpected;
+    std::set<std::string> expected;
+    for (const auto& spec : wan_transformer_specs(c, DType::F32)) {
+      expected.insert(spec.name);
+      const auto it = shapes.find(spec.name);
+      if (it == shapes.end())
+        missing.push_back(spec.name);
+      else if (it->second != spec.shape)
+        misshapen.push_back(str(spec.name, " ", wan_shape_text(it->second), " (expected ", wan_shape_text(spec.shape), ")"));
+    }
+    for (const auto& [name, s] : shapes)
+      if (!expected.count(name)) unexpected.push_back(name);
+    DLO_CHECK(missing.empty(), "lacks ", missing.size(), " tensor(s) of the transformer (diffusers' names): ", first_names(missing));
+    DLO_CHECK(misshapen.empty(), misshapen.size(), " tensor(s) have another shape than the config's: ", first_names(misshapen));
+    DLO_CHECK(unexpected.empty(), "holds ", unexpected.size(), " tensor(s) a Wan text-to-video transformer does not have ",
+              "(diffusers' names): ", first_names(unexpected));
+    return c;
+  });
 }
 
 std::int64_t wan_tokens(const WanTransformerConfig& c, std::int64_t frames, std::int64_t height, std::int64_t width) {

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,23 @@ struct WanTransformerConfig {
   // config.json text exactly as diffusers writes it (keys sorted, nulls for unused I2V fields).
   std::string to_json() const;
 };
+
+// A transformer's tensors: diffusers name -> shape (tensor_shapes of a checkpoint).
+using TensorShapeMap = std::map<std::string, std::vector<std::int64_t>>;
+
+// The config of the transformer whose tensors are `shapes` (named `label` in errors). The shapes
+// give the width (patch_embedding), in_channels and patch_size (patch_embedding), out_channels
+// (proj_out / the patch), text_dim (text_embedder.linear_1), freq_dim (time_embedder.linear_1),
+// ffn_dim (blocks.0's ffn), num_layers (the highest block index + 1) and cross_attn_norm
+// (blocks.0.norm2 present). What they cannot give (the heads, eps, rope_max_seq_len) comes from
+// `folder` (the model folder's transformer config) when there is one, whose every field the shapes
+// give must agree: a difference is an error naming the field. Without one, the shapes must be a
+// known config's (`preset_names`' shapes; the real Wan models have heads of 128): `matched` gets
+// its name, and a shape no known config has is refused, naming what the shapes give. Then every
+// tensor the config implies must be there with its shape, and no other (the first few missing,
+// unexpected or misshapen named). Throws dlo::Error.
+WanTransformerConfig infer_wan_transformer_config(const TensorShapeMap& shapes, const WanTransformerConfig* folder,
+                                                  const std::string& label, std::string* matched = nullptr);
 
 // Device (or host) bytes one forward needs beyond the weights, at its peak, for a latent of
 // `frames` x `height` x `width` (the latent's own size, before patching), `text_len` text tokens,

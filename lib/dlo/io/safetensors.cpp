@@ -227,6 +227,23 @@ const SafetensorsFile& Checkpoint::file_of(const TensorInfo& t) const {
   return *files_[it->second.second];
 }
 
+void Checkpoint::rename_tensors(const std::function<std::string(const std::string&)>& rename) {
+  std::map<std::string, std::string> taken;  // new name -> old name
+  for (const auto& f : files_)
+    for (const auto& t : f->header().tensors) {
+      const std::string to = rename(t.name);
+      const auto [it, fresh] = taken.emplace(to, t.name);
+      DLO_CHECK(fresh, source_, ": tensors '", it->second, "' and '", t.name, "' would both be '", to, "'");
+    }
+  by_name_.clear();
+  for (std::size_t fi = 0; fi < files_.size(); ++fi)
+    for (auto& t : files_[fi]->header_.tensors) {
+      t.name = rename(t.name);
+      by_name_.emplace(t.name, std::make_pair(&t, fi));
+    }
+  build_lookup();
+}
+
 void Checkpoint::add_file(std::unique_ptr<SafetensorsFile> f) {
   const std::size_t fi = files_.size();
   for (const auto& t : f->header().tensors) {

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -68,11 +69,13 @@ class SafetensorsFile {
   const std::byte* data(const TensorInfo& t) const { return map_->data() + t.offset; }
 
  private:
+  friend class Checkpoint;  // rename_tensors
   std::shared_ptr<const MappedFile> map_;
   SafetensorsHeader header_;
 };
 
-// A checkpoint: one safetensors file, or the shards named by an index. Immutable after open;
+// A checkpoint: one safetensors file, or the shards named by an index. Immutable once shared
+// (rename_tensors, the one mutation, comes before);
 // safe to read from several threads.
 class Checkpoint {
  public:
@@ -97,6 +100,11 @@ class Checkpoint {
   // What was opened: the file or the index path.
   const std::string& source() const { return source_; }
   std::uint64_t total_bytes() const;
+
+  // Gives every tensor the name `rename(name)` (a layout's names read as another's: the tensors'
+  // bytes stay where they are mapped). Throws dlo::Error naming the checkpoint when two tensors
+  // would get one name. Not thread-safe: call before the checkpoint is shared.
+  void rename_tensors(const std::function<std::string(const std::string&)>& rename);
 
   Checkpoint(Checkpoint&&) noexcept = default;
   Checkpoint& operator=(Checkpoint&&) noexcept = default;

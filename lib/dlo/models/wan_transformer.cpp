@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/config/wan_tensor_names.h"
 
 namespace dlo {
 
@@ -232,9 +233,15 @@ std::vector<at::Tensor> split_by(const at::Tensor& x, std::int64_t dim, const Pa
 // Model
 
 WanTransformer WanTransformer::load(const std::string& dir, at::ScalarType compute, bool load_blocks) {
-  return with_context(str("loading transformer '", dir, "'"), [&] {
-    auto config = WanTransformerConfig::from_json(JsonConfig::load(dir + "/config.json"));
-    WanTransformer m(config, WeightStore::open(dir), compute);
+  const auto config =
+      with_context(str("loading transformer '", dir, "'"), [&] { return WanTransformerConfig::from_json(JsonConfig::load(dir + "/config.json")); });
+  return load(dir, config, compute, load_blocks);
+}
+
+WanTransformer WanTransformer::load(const std::string& weights, const WanTransformerConfig& config,
+                                    at::ScalarType compute, bool load_blocks) {
+  return with_context(str("loading transformer '", weights, "'"), [&] {
+    WanTransformer m(config, WeightStore(open_wan_transformer(weights)), compute);
     const auto& c = m.config_;
     // Every tensor, blocks included (the engine streams them later), with its shape, and no
     // tensor the config does not use: a mismatch is found here, not mid-run.

@@ -124,6 +124,10 @@ class WanTransformer {
   // needs). With `load_blocks`, block weights are bound too (the resident case); engines that
   // stream blocks pass false and supply block weights themselves.
   static WanTransformer load(const std::string& dir, at::ScalarType compute, bool load_blocks = true);
+  // The same for weights of `config` at `weights`: anything open_wan_transformer opens (a folder,
+  // a single file, an index; diffusers', original Wan or ComfyUI's names, read as diffusers').
+  static WanTransformer load(const std::string& weights, const WanTransformerConfig& config, at::ScalarType compute,
+                             bool load_blocks = true);
 
   const WanTransformerConfig& config() const { return config_; }
   at::ScalarType compute_dtype() const { return compute_; }

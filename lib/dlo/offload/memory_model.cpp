@@ -326,8 +326,8 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
     p.decode = std::max(p.decode, mem[i].decode);
   }
   p.working = working;
-  p.text_encoder = safetensors_bytes_in(model.dir + "/text_encoder");
-  p.vae = safetensors_bytes_in(model.dir + "/vae");
+  p.text_encoder = safetensors_bytes_in(model.parts.text_encoder());
+  p.vae = safetensors_bytes_in(model.parts.vae());
   p.host_per_rank = sat_add(sat_add(p.kept_per_rank, p.aux_on_device ? 0 : p.decode),
                             budget.device_is_host ? sat_add(sat_add(sat_add(p.device_shards, p.slots), working), p.resident)
                                                   : 0);

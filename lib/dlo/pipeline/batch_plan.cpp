@@ -39,7 +39,9 @@ std::vector<BatchJob> batch_jobs_from_json(const json& j) {
 }  // namespace
 
 std::string plan_to_json(const BatchPlan& p) {
-  return json({{"model", p.model_dir},
+  return json({{"model", p.model.dir},
+               {"transformer", p.model.transformer},
+               {"transformer_2", p.model.transformer_2},
                {"model_identity", p.model_identity},
                {"output_dir", p.output_dir},
                {"results", p.results},
@@ -55,7 +57,7 @@ BatchPlan plan_from_json(const std::string& text) {
   try {
     const json j = json::parse(text);
     BatchPlan p;
-    p.model_dir = j.at("model");
+    p.model = {j.at("model"), j.at("transformer"), j.at("transformer_2")};
     p.model_identity = j.at("model_identity");
     p.output_dir = j.at("output_dir");
     p.results = j.at("results");
@@ -212,8 +214,8 @@ void check_prompt_job(const JobSpec& job, const ModelInfo& model, const OutputFo
     // The manifest's rule: a value from the model's defaults beside a flag that makes it moot
     // (its guidance_2 beside --guidance 1) is no error; any other problem with it is the file's.
     if (!flagged && !p.beside.empty() && flags.count(p.beside) > 0) continue;
-    const std::string where = flagged || model.dir.empty() ? str("--", find_job_field(p.field)->flag)
-                                                           : str(model_job_defaults_path(model.dir), ": defaults.", p.field);
+    const std::string where = flagged || model.parts.dir.empty() ? str("--", find_job_field(p.field)->flag)
+                                                           : str(model_job_defaults_path(model.parts.dir), ": defaults.", p.field);
     msg += str(msg.empty() ? "" : "\n  ", where, ": ", p.message);
   }
   DLO_CHECK(msg.empty(), msg);
@@ -232,9 +234,12 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   const Manifest m = read_manifest(o.manifest, o.flags, o.model, o.output_dir, o.formats);
   std::vector<ManifestProblem> problems = m.problems;
   if (m.model.empty()) throw_manifest_problems(std::move(problems));  // no model: reported among them
+  // A transformer given as its own weights: read as given (its errors name it so), planned canonical.
+  const ModelParts parts{m.model, o.transformer.empty() ? m.transformer : o.transformer,
+                         o.transformer_2.empty() ? m.transformer_2 : o.transformer_2};
   ModelInfo model;
   try {
-    model = read_model_info(m.model);
+    model = read_model_info(parts);
   } catch (const Error& e) {
     if (problems.empty()) throw;
     problems.push_back({m.path, -1, "", "model", e.what()});
@@ -263,7 +268,8 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
     }
   }
   BatchPlan p;
-  p.model_dir = canonical_path(m.model);
+  p.model = {canonical_path(m.model), parts.transformer.empty() ? "" : canonical_path(parts.transformer),
+             parts.transformer_2.empty() ? "" : canonical_path(parts.transformer_2)};
   p.sp = m.sp;
   p.cfg_parallel = m.cfg_parallel;
   p.output_dir = canonical_path(m.output_dir);
@@ -281,7 +287,7 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
     o.hold_output_dir(p.output_dir);
   }
   if (problems.empty()) {
-    p.model_identity = model_identity(m.model);
+    p.model_identity = model_identity(parts);
     for (const auto& j : m.jobs) fingerprints.push_back(job_fingerprint(j, model, p.model_identity, o.dtypes));
     std::optional<LatentsIndex> latents;
     if (!o.latents.empty() && o.read_latents) latents = o.read_latents(o.latents);

@@ -29,8 +29,9 @@ struct BatchJob {
 // Paths in a plan are canonical (canonical_path: absolute, links resolved), resolved once by rank 0,
 // so every rank reads and writes the same locations whatever its working directory.
 struct BatchPlan {
-  std::string model_dir, output_dir;
-  std::string model_identity;   // model_identity(model_dir) on rank 0: every rank must hold the same
+  ModelParts model;             // the model folder and any transformer given as its own weights
+  std::string output_dir;
+  std::string model_identity;   // model_identity(model) on rank 0: every rank must hold the same
   std::string results;          // results.jsonl's path ("": one prompt, no results file)
   std::vector<BatchJob> jobs;   // to render, in manifest order
   std::string sp, cfg_parallel; // the manifest's topology keys ("": not given; the flags win)
@@ -120,6 +121,7 @@ struct BatchPlanOptions {
   std::string manifest;                      // --jobs FILE
   JobFlags flags;                            // job fields given on the command line
   std::optional<std::string> model, output_dir;  // --model, --output-dir
+  std::string transformer, transformer_2;         // --transformer, --transformer-2 ("": the manifest's, else the folder's)
   OutputFormatNames formats;                 // the app's
   bool force = false;                        // render jobs done or changed again
   bool dry_run = false;                      // create nothing

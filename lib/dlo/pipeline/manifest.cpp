@@ -35,7 +35,8 @@ const std::vector<std::string>& job_keys() {
   }();
   return keys;
 }
-const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs", "sp", "cfg_parallel"};
+const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs", "sp", "cfg_parallel", "transformer",
+                                           "transformer_2"};
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
@@ -370,27 +371,31 @@ std::string folder_of(const std::string& path) {
   return f;
 }
 
+// A top-level path key of `top` (none for a text manifest) resolved against `folder` into `out`;
+// false when absent. A value that is not a non-empty string is a problem (then true, `out` unset).
+bool top_path_key(const std::string& folder, const YAML::Node* top, const char* key, std::string& out, Problems& problems) {
+  if (!top) return false;
+  const YAML::Node n = (*top)[key];
+  if (!n) return false;
+  YAML::Mark km;
+  for (auto it = top->begin(); it != top->end(); ++it)
+    if (it->first.IsScalar() && it->first.Scalar() == key) km = it->first.Mark();
+  if (!n.IsScalar()) {
+    problems.add(-1, key, str("must be a path (a string), got ", type_name(n)), km);
+    return true;
+  }
+  if (n.Scalar().empty()) {
+    problems.add(-1, key, "is empty", km);
+    return true;
+  }
+  out = resolve(folder, n.Scalar());
+  return true;
+}
+
 void model_and_output_dir(const std::string& folder, const std::optional<std::string>& model_flag,
                           const std::optional<std::string>& output_dir_flag, const YAML::Node* top,
                           std::string& model, std::string& output_dir, Problems& problems) {
-  const auto path_key_value = [&](const char* key, std::string& out) {
-    if (!top) return false;
-    const YAML::Node n = (*top)[key];
-    if (!n) return false;
-    YAML::Mark km;
-    for (auto it = top->begin(); it != top->end(); ++it)
-      if (it->first.IsScalar() && it->first.Scalar() == key) km = it->first.Mark();
-    if (!n.IsScalar()) {
-      problems.add(-1, key, str("must be a path (a string), got ", type_name(n)), km);
-      return true;
-    }
-    if (n.Scalar().empty()) {
-      problems.add(-1, key, "is empty", km);
-      return true;
-    }
-    out = resolve(folder, n.Scalar());
-    return true;
-  };
+  const auto path_key_value = [&](const char* key, std::string& out) { return top_path_key(folder, top, key, out, problems); };
   std::string from_file;
   const bool model_in_file = path_key_value("model", from_file);
   if (model_flag) {
@@ -566,9 +571,14 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
       raw.push_back(std::move(job));
     }
   }
+  std::string transformer, transformer_2;  // (the flags win over them: plan_batch)
+  top_path_key(folder_of(path), &top, "transformer", transformer, problems);
+  top_path_key(folder_of(path), &top, "transformer_2", transformer_2, problems);
   Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, formats, problems);
   m.sp = top_sp;
   m.cfg_parallel = top_cfg;
+  m.transformer = transformer;
+  m.transformer_2 = transformer_2;
   m.problems = std::move(problems.list);
   return m;
 }

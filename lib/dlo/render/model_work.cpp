@@ -22,9 +22,9 @@ namespace {
 
 // The text encoder's and the VAE's checkpoint headers, the tokenizer against the encoder's vocabulary.
 void check_other_parts(const ModelInfo& model) {
-  Umt5Encoder::check_checkpoint(model.dir + "/text_encoder");
-  WanVae::check_checkpoint(model.dir + "/vae");
-  T5Tokenizer::load(model.dir + "/tokenizer").check_fits_encoder(model.text_encoder.vocab_size);
+  Umt5Encoder::check_checkpoint(model.parts.text_encoder());
+  WanVae::check_checkpoint(model.parts.vae());
+  T5Tokenizer::load(model.parts.tokenizer()).check_fits_encoder(model.text_encoder.vocab_size);
 }
 
 class ModelWork final : public BatchWork {
@@ -36,9 +36,11 @@ class ModelWork final : public BatchWork {
 
   StackSize load(const WaveDevice& device, std::uint64_t& layout) override {
     device_ = device.device;
-    for (const auto& dir : model_.expert_dirs()) {
+    const std::vector<WanTransformerConfig> configs = model_.expert_configs();
+    const std::vector<std::string> weights = model_.expert_weights();
+    for (std::size_t e = 0; e < weights.size(); ++e) {
       experts_.push_back(std::make_unique<WanTransformer>(
-          WanTransformer::load(model_.dir + "/" + dir, o_.dtype, /*load_blocks=*/false)));
+          WanTransformer::load(weights[e], configs[e], o_.dtype, /*load_blocks=*/false)));
       experts_.back()->to_device(device_);
       runners_.push_back(std::make_unique<WanOffloadRunner>(*experts_.back(), world_.size()));
     }
@@ -47,7 +49,6 @@ class ModelWork final : public BatchWork {
     // The same block layout everywhere (every expert's).
     layout = 0;
     std::vector<StackSize> sizes;
-    const std::vector<WanTransformerConfig> configs = model_.expert_configs();
     for (std::size_t e = 0; e < runners_.size(); ++e) {
       layout = layout * 1000003u ^ runners_[e]->plan().fingerprint();
       sizes.push_back(stack_size(runners_[e]->plan()));
@@ -68,7 +69,7 @@ class ModelWork final : public BatchWork {
   void prepare(JobRun& run) override {
     // On the job's device when the plan says so (its kernels on this thread's stream, the device's
     // default one, in order with the denoising kernels; the host work overlaps).
-    if (!text_) text_.emplace(model_.dir, o_.dtype, aux_device_);
+    if (!text_) text_.emplace(model_.parts, o_.dtype, aux_device_);
     prepare_job(run, *text_, model_, o_.dtype, device_);
   }
 
@@ -91,7 +92,7 @@ class ModelWork final : public BatchWork {
   void finish(JobRun& run, const SinkFactory& open_sink, const LatentsKeeper& keep_latents) override {
     if (!vae_) {
       try {
-        vae_.emplace(WanVae::load(model_.dir + "/vae", o_.vae_dtype));
+        vae_.emplace(WanVae::load(model_.parts.vae(), o_.vae_dtype));
         if (!aux_device_.is_cpu()) vae_->to_device(aux_device_);
       } catch (const std::exception& e) {
         vae_.reset();
@@ -138,7 +139,7 @@ class ModelWork final : public BatchWork {
   const GenerateOptions& o_;
   const EngineOptions engine_options_;
   at::Device device_ = at::kCPU, aux_device_ = at::kCPU;
-  std::vector<std::unique_ptr<WanTransformer>> experts_;    // transformer/ (, transformer_2/)
+  std::vector<std::unique_ptr<WanTransformer>> experts_;    // transformer (, transformer_2)
   std::vector<std::unique_ptr<WanOffloadRunner>> runners_;  // one engine per expert
   std::optional<PromptEncoder> text_;                       // text worker only
   std::optional<WanVae> vae_;                               // decode worker only
@@ -147,8 +148,10 @@ class ModelWork final : public BatchWork {
 }  // namespace
 
 void check_model_parts(const ModelInfo& model) {
-  for (const auto& dir : model.expert_dirs())
-    (void)WanTransformer::load(model.dir + "/" + dir, at::kFloat, /*load_blocks=*/false);
+  const std::vector<WanTransformerConfig> configs = model.expert_configs();
+  const std::vector<std::string> weights = model.expert_weights();
+  for (std::size_t e = 0; e < weights.size(); ++e)
+    (void)WanTransformer::load(weights[e], configs[e], at::kFloat, /*load_blocks=*/false);
   check_other_parts(model);
 }
 

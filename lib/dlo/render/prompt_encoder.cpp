@@ -6,9 +6,8 @@
 
 namespace dlo {
 
-PromptEncoder::PromptEncoder(const std::string& model_dir, at::ScalarType dtype, at::Device device)
-    : tokenizer_(T5Tokenizer::load(model_dir + "/tokenizer")),
-      encoder_(Umt5Encoder::load(model_dir + "/text_encoder", dtype)) {
+PromptEncoder::PromptEncoder(const ModelParts& model, at::ScalarType dtype, at::Device device)
+    : tokenizer_(T5Tokenizer::load(model.tokenizer())), encoder_(Umt5Encoder::load(model.text_encoder(), dtype)) {
   encoder_.to_device(device);
 }
 

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dlo/config/model_info.h"
 #include "dlo/models/umt5.h"
 #include "dlo/text/tokenizer.h"
 
@@ -14,11 +15,11 @@ namespace dlo {
 
 class PromptEncoder {
  public:
-  // Loads `model_dir`/tokenizer and `model_dir`/text_encoder. On the CPU the weights stay the
+  // Loads the model's tokenizer and text encoder. On the CPU the weights stay the
   // checkpoint's mmap pages where the dtype allows (one copy per node however many ranks encode);
   // on a CUDA `device` they are copied there and the encoder runs there (on the calling thread's
   // current stream). Throws dlo::Error naming the folder.
-  PromptEncoder(const std::string& model_dir, at::ScalarType dtype, at::Device device = at::kCPU);
+  PromptEncoder(const ModelParts& model, at::ScalarType dtype, at::Device device = at::kCPU);
 
   // _get_t5_prompt_embeds for one prompt: [1, max_sequence_length, d_model] in the encoder's dtype,
   // on the encoder's device. Throws dlo::Error for a prompt that is not valid UTF-8. Thread-compatible.

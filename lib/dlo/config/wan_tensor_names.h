@@ -1,0 +1,61 @@
+// One table of the Wan transformer's tensor names: the original Wan layout (Wan-AI's own
+// repositories, ComfyUI's and Kijai's single files: `blocks.N.self_attn.q.weight`, `head.head`,
+// ...) against diffusers' WanTransformer3DModel (`blocks.N.attn1.to_q.weight`, `proj_out`, ...),
+// both directions, with ComfyUI's `model.diffusion_model.` (or `diffusion_model.`) prefix stripped.
+// Everything above io/ sees diffusers' names; loading renames once (Checkpoint::rename_tensors, a
+// name map: the tensor bytes stay where they are mapped).
+//
+// The table maps modules, not whole names: a name is a row's module plus any tail (".weight",
+// ".bias", and later a scaled file's ".scale_weight" or a LoRA's ".lora_A.weight"), so fp8 files
+// and LoRA keys reuse it. Rows as diffusers' convert_wan_transformer_to_diffusers
+// (loaders/single_file_utils.py) maps them, written as a table (diffusers applies ordered string
+// replaces). Torch-free; thread-safe.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dlo/io/safetensors.h"
+
+namespace dlo {
+
+// How a file names the transformer's tensors.
+struct WanKeyLayout {
+  bool original = false;  // original Wan names (else diffusers')
+  std::string prefix;     // "", "model.diffusion_model." (ComfyUI) or "diffusion_model."
+  // "diffusers", "original Wan", "ComfyUI (original Wan with 'model.diffusion_model.')", ...
+  std::string describe() const;
+};
+
+// A name of the original layout (no prefix) in diffusers' layout, and back; nullopt for a name no
+// row maps (a tensor the Wan transformer does not have).
+std::optional<std::string> wan_original_to_diffusers(std::string_view name);
+std::optional<std::string> wan_diffusers_to_original(std::string_view name);
+
+// The layout of a transformer's tensor `names`: the prefix shared by the patch embedding's weight
+// ("model.diffusion_model.", "diffusion_model." or none), and original names when the original
+// output head ("head.head.weight") is there, diffusers' when "proj_out.weight" is. Throws
+// dlo::Error naming `label` and a few of its names when neither is found (not a Wan transformer).
+WanKeyLayout detect_wan_key_layout(const std::vector<std::string>& names, const std::string& label);
+
+// Every name of `names` in diffusers' layout (old name -> diffusers name) under the layout detected
+// from them. Throws dlo::Error naming `label`, the layout and the first few names that are not
+// the transformer's (a name without the prefix, or one no row maps).
+std::map<std::string, std::string> wan_diffusers_names(const std::vector<std::string>& names,
+                                                       const std::string& label);
+
+// A transformer's weights with diffusers' names: `path` is a diffusers transformer/ folder, a
+// single .safetensors file, a *.safetensors.index.json or a folder holding one index (the
+// original repositories' shards, Wan2.2's high_noise_model/ and low_noise_model/), in any layout
+// wan_diffusers_names knows. Maps the files (headers read, no tensor data touched) and renames.
+// A PyTorch pickle (.pth, .pt, .ckpt, .bin) is refused with the command that converts it. Throws
+// dlo::Error naming the file.
+Checkpoint open_wan_transformer(const std::string& path);
+
+// Name -> shape of every tensor of `ck`, for config inference.
+std::map<std::string, std::vector<std::int64_t>> tensor_shapes(const Checkpoint& ck);
+
+}  // namespace dlo
