@@ -148,7 +148,7 @@ TEST_CASE("tensor names: a tiny transformer written in the original and ComfyUI 
   CHECK(dlo::detect_wan_key_layout({"patch_embedding.weight", "proj_out.weight"}, "f").describe() == "diffusers layout");
 }
 
-TEST_CASE("tensor names: unknown names listed with the layout detected; not a transformer; a pickle") {
+TEST_CASE("tensor names: unknown names listed with the layout detected, not a transformer, a pickle") {
   std::vector<std::string> names = {"model.diffusion_model.patch_embedding.weight", "model.diffusion_model.head.head.weight",
                                     "model.diffusion_model.blocks.0.self_attn.q.weight", "model.diffusion_model.blocks.0.lora.up",
                                     "first_stage_model.decoder.conv_in.weight", "model.diffusion_model.blocks.0.attn1.to_q.weight"};
@@ -207,7 +207,7 @@ TEST_CASE("config from shapes: each known config, from its tensors' shapes alone
   }
 }
 
-TEST_CASE("config from shapes: against the folder's config; refused shapes, missing and extra tensors") {
+TEST_CASE("config from shapes: against the folder's config, refused shapes, missing and extra tensors") {
   dlo::WanTransformerConfig folder = dlo::WanTransformerConfig::preset("wan-test");
   folder.num_layers = 3;
   folder.rope_max_seq_len = 64;

@@ -16,7 +16,7 @@
 
 using dlo::test::world;
 
-TEST_CASE("ranks sharing a CUDA device are counted per host and refused; one per host is not") {
+TEST_CASE("ranks sharing a CUDA device are counted per host and refused, one per host is not") {
   const auto& hosts = world().hosts();
   REQUIRE(static_cast<int>(hosts.size()) == world().size());
   CHECK(hosts[static_cast<std::size_t>(world().rank())] == world().host());

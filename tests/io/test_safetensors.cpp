@@ -107,7 +107,7 @@ TEST_CASE("files exactly at each bound parse (the malformed cases one byte over 
   }
 }
 
-TEST_CASE("rename_tensors: new names over the same mapped bytes; two tensors given one name refused") {
+TEST_CASE("rename_tensors: new names over the same mapped bytes, two tensors given one name refused") {
   TempDir dir;
   const auto specs = small_specs();
   const std::string path = dir.file("one.safetensors");

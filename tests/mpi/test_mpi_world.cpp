@@ -83,7 +83,7 @@ TEST_CASE("check_all: nothing when no rank has an error, the same combined error
         (w.size() > 1 ? dlo::ErrorKind::kIo : dlo::ErrorKind::kInput));
 }
 
-TEST_CASE("split: groups are the ranks of a color in world order; alltoallv moves uneven byte counts as computed by hand") {
+TEST_CASE("split: groups are the ranks of a color in world order, alltoallv moves uneven byte counts as computed by hand") {
   const auto& w = world();
   for (int colors = 1; colors <= w.size(); ++colors) {
     CAPTURE(colors);

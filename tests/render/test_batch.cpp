@@ -217,7 +217,7 @@ TEST_CASE("a batch of mixed steps: every job once, all its steps in order, by on
   CHECK_FALSE(b.report.stopped);
 }
 
-TEST_CASE("a job that fails in a step fails alone; its rank goes on with the batch") {
+TEST_CASE("a job that fails in a step fails alone, its rank goes on with the batch") {
   const auto& m = model(false);
   const auto jobs = jobs_of({3, 4, 3, 2, 5, 3, 2, 4});
   const Batch b = run_batch(m, jobs, {}, Fault{1, 2});
@@ -272,7 +272,7 @@ TEST_CASE("guided jobs on groups and a tail phase regrouped: no job computed twi
   CHECK(b.report.jobs[4].parallel == "cfg 2");
 }
 
-TEST_CASE("a stop requested on one rank stops every rank; what was recorded is whole") {
+TEST_CASE("a stop requested on one rank stops every rank, what was recorded is whole") {
   const auto& m = model(false);
   const auto jobs = jobs_of({3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3});
   dlo::GenerateCallbacks cb;
