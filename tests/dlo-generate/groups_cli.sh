@@ -124,16 +124,7 @@ echo "ok: auto: 3 jobs on 4 ranks as two CFG pairs, on 3 ranks one each"
 # (3) and then the fifth on all four as CFG 2 x SP 2 (2 / (1.84 x 1.38) = 0.79): 3.79, less than
 # 0.95 x 4. Every job's frames as at 1 rank; the tail job's record names the four ranks; each rank
 # computed its job's 384 token rows (the longer one 576) and a quarter of the tail's 384 (96).
-cat >"$T/tail.yaml" <<EOF
-model: m
-defaults: {frames: 5, height: 64, width: 64, steps: 2, guidance: 4}
-jobs:
-  - {id: j0, prompt: "a red fox", seed: 1}
-  - {id: j1, prompt: "an owl", seed: 2}
-  - {id: j2, prompt: "a boat", seed: 3, steps: 3}
-  - {id: j3, prompt: "a car", seed: 4}
-  - {id: j4, prompt: "an elk", seed: 5}
-EOF
+tail_manifest "$T/tail.yaml"
 TAIL=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/tail.yaml")
 mpirun -np 1 "${TAIL[@]}" --output-dir "$T/tail1" 2>"$T/log" || fail "the tail batch at 1 rank: $(cat "$T/log")"
 mpirun -np 4 "${TAIL[@]}" --output-dir "$T/tail4" --dry-run >"$T/stdout" 2>"$T/log" || fail "the tail's dry run: $(cat "$T/log")"

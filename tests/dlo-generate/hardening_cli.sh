@@ -34,15 +34,6 @@ GEN=("$BIN/dlo-generate" --threads 1 --quiet)
 make_model() { "$BIN/dlo-checkpoint" make "$1" --preset wan-test --layers 2 --dtype bf16 --rope-max-seq-len 4096 "${@:2}" >/dev/null; }
 make_model "$T/m"
 tree_sum() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16); }
-# expect RC LOG CMD...: runs CMD (stdout+stderr to LOG), fails unless it exits RC.
-expect() {
-  local want=$1 log=$2; shift 2
-  set +e
-  timeout 120 "$@" >"$log" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" = "$want" ] || fail "exit $rc, want $want: $* :: $(cat "$log")"
-}
 DEF="defaults: {frames: 5, height: 32, width: 48, steps: 2, guidance: 1.0}"
 
 # ---- 1. outputs that are the batch's inputs or someone else's files

@@ -21,15 +21,7 @@ set -euo pipefail
 source "$(dirname "$0")/../common/cli.sh" "$1"
 GEN=("$BIN/dlo-generate" --threads 1 --quiet)
 "$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --dtype fp32 >/dev/null
-# expect RC LOG CMD...: runs CMD under a 60 s timeout (stdout+stderr to LOG), fails unless it exits RC.
-expect() {
-  local want=$1 log=$2; shift 2
-  set +e
-  timeout 60 "$@" >"$log" 2>&1
-  local rc=$?
-  set -e
-  [ "$rc" = "$want" ] || fail "exit $rc, want $want: $* :: $(cat "$log")"
-}
+EXPECT_TIMEOUT_S=60
 flags() {  # flags FILE.h5: "name=flag ..." of /_complete/NAME, sorted by name (h5py, not dlo)
   /usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r'); \
 print(' '.join('%s=%d' % (n, d[()]) for n, d in sorted(f['_complete'].items())))" "$1"

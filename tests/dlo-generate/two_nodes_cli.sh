@@ -32,16 +32,7 @@ nodes_available || { echo "SKIP: cannot create network namespaces here (root and
 nodes_start 2
 
 "$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --layers 3 --dtype bf16 --shard-size 20KB >/dev/null
-cat >"$T/jobs.yaml" <<EOF
-model: m
-defaults: {frames: 5, height: 64, width: 64, steps: 2, guidance: 4}
-jobs:
-  - {id: j0, prompt: "a red fox", seed: 1}
-  - {id: j1, prompt: "an owl", seed: 2}
-  - {id: j2, prompt: "a boat", seed: 3, steps: 3}
-  - {id: j3, prompt: "a car", seed: 4}
-  - {id: j4, prompt: "an elk", seed: 5}
-EOF
+tail_manifest "$T/jobs.yaml"
 GEN=("$BIN/dlo-generate" --threads 1 --quiet --jobs "$T/jobs.yaml" --offload dlo)
 same_as_ref() {  # same_as_ref DIR: every job's frames as in the one-node run
   for id in j0 j1 j2 j3 j4; do
