@@ -22,33 +22,29 @@ VideoOptions video_options(const JobSpec& job, const ModelInfo& model, const std
   return v;
 }
 
+// The value of tag `name` ("" without one).
+std::string tag(const std::vector<std::pair<std::string, std::string>>& tags, const std::string& name) {
+  for (const auto& [k, t] : tags)
+    if (k == name) return t;
+  return "";
+}
+
 // The job's parameters in the "description" tag; the frames' hash joins them at the end (MP4,
 // PNG: recovery reads it there; an MKV's tags precede its frames, so recovery hashes its lossless
 // frames instead).
 class VideoSink : public FrameSink {
  public:
   VideoSink(const std::string& path, std::int64_t w, std::int64_t h, const VideoOptions& o)
-      : writer_(path, static_cast<int>(w), static_cast<int>(h), o), description_(tag_value(o, "description")) {}
+      : writer_(path, static_cast<int>(w), static_cast<int>(h), o), description_(tag(o.tags, "description")) {}
   void add_frame(const std::uint8_t* rgb) override { writer_.add_frame(rgb); }
   void finish(const std::string& frames_sha256) override {
     writer_.finish({{"description", with_frames_sha256(description_, frames_sha256)}});
   }
 
  private:
-  static std::string tag_value(const VideoOptions& o, const std::string& name) {
-    for (const auto& [k, v] : o.tags)
-      if (k == name) return v;
-    return "";
-  }
   VideoWriter writer_;
   std::string description_;
 };
-
-std::string tag(const ExistingVideo& v, const std::string& name) {
-  for (const auto& [k, t] : v.tags)
-    if (k == name) return t;
-  return "";
-}
 
 // An existing MP4/MKV is replaced only if dlo wrote it (its "description" tag holds the job); a
 // damaged one (the container's signature, unreadable) may be, as nothing is lost. A PNG folder is
@@ -58,7 +54,7 @@ void check_replaceable(const std::string& path, VideoFormat f) {
   const ExistingVideo e = probe_video(path, f);
   DLO_CHECK(e.kind != ExistingVideo::kForeign, "'", path, "' exists and is not ", f == VideoFormat::kMp4 ? "an MP4" : "a Matroska",
             " file: dlo replaces only the videos it wrote; choose another output or remove it");
-  DLO_CHECK(e.kind != ExistingVideo::kReadable || read_recorded_job(tag(e, "description")), "'", path,
+  DLO_CHECK(e.kind != ExistingVideo::kReadable || read_recorded_job(tag(e.tags, "description")), "'", path,
             "' exists and is a video dlo did not write (no dlo job in its metadata): dlo replaces only the videos it ",
             "wrote; choose another output or remove it");
 }
@@ -78,7 +74,7 @@ OutputFormat video_format(VideoFormat f) {
   o.recorded = [f](const std::string& path, bool with_frames_sha256) -> std::optional<RecordedJob> {
     const ExistingVideo e = probe_video(path, f);
     if (e.kind != ExistingVideo::kReadable) return std::nullopt;
-    auto job = read_recorded_job(tag(e, "description"));
+    auto job = read_recorded_job(tag(e.tags, "description"));
     if (!job || job->frames != e.frames) return std::nullopt;
     if (with_frames_sha256 && job->frames_sha256.empty() && f != VideoFormat::kMp4) {
       // FFV1 and PNG give back the exact frames.
