@@ -69,6 +69,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       "inputs", "input tensors (.safetensors)", cxxopts::value<std::string>())(
       "out", "output file (.safetensors), written by the lowest rank that computes", cxxopts::value<std::string>())(
       "dtype", "compute dtype: fp32, bf16, fp16", cxxopts::value<std::string>()->default_value("fp32"))(
+      "storage-dtype", "transformer: what the blocks' Linears are kept in, as dlo-generate --storage-dtype",
+      cxxopts::value<std::string>()->default_value("auto"))(
       "threads", "CPU threads per rank (0: libtorch default)", cxxopts::value<int>()->default_value("0"))(
       "prompt", "text_encoder, tokenizer: clean and tokenize this prompt (to 512 tokens)", cxxopts::value<std::string>())(
       "offload", "transformer: auto, resident, device-shards, mixed, dlo or layerwise",
@@ -158,6 +160,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     if (args.count("transformer-2")) jo.model.transformer_2 = args["transformer-2"].as<std::string>();
     jo.expert = component;
     jo.dtype = dtype;
+    jo.storage = dlo::parse_linear_storage(args["storage-dtype"].as<std::string>(), dtype, "--storage-dtype");
     jo.offload = dlo::parse_strategy_request(args["offload"].as<std::string>(), "--offload");
     jo.device = dlo::parse_device_request(args["device"].as<std::string>(), "--device");
     if (args.count("device-budget"))

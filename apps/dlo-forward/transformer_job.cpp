@@ -59,7 +59,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     DLO_CHECK(!second || !o.model.transformer_2.empty() || std::filesystem::is_directory(o.model.folder("transformer_2")),
               "--component transformer_2: ", o.model.dir, " has no transformer_2/ (a model with one transformer)");
     model.emplace(WanTransformer::load(second ? o.model.transformer_2_weights() : o.model.transformer_weights(),
-                                       read_expert_config(o.model, second), o.dtype, /*load_blocks=*/false));
+                                       read_expert_config(o.model, second), o.dtype, /*load_blocks=*/false, o.storage));
     const auto& c = model->config();
     const std::size_t nbranch = o.guidance ? 2 : 1;
     // The shapes of the run, checked before anything is allocated for it.

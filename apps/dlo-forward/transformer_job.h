@@ -13,6 +13,7 @@
 
 #include "dlo/config/model_info.h"
 #include "dlo/dist/device.h"
+#include "dlo/models/wan_transformer.h"
 #include "dlo/offload/strategy.h"
 
 namespace dlo {
@@ -23,6 +24,7 @@ struct TransformerJobOptions {
   ModelParts model;                      // the model folder (and any transformer weights given instead of its own)
   std::string expert = "transformer";    // transformer, or transformer_2 (Wan2.2 A14B's low-noise expert)
   at::ScalarType dtype = at::kFloat;
+  LinearStorage storage = LinearStorage::kAuto;  // the blocks' Linears (--storage-dtype)
   StrategyRequest offload;               // default auto
   DeviceRequest device;                  // default auto
   // Bytes of device memory each rank may use (auto's budget; mixed: how many blocks stay on the

@@ -5,6 +5,7 @@
 #include "common/doctest_torch.h"
 
 #include <fstream>
+#include <set>
 
 #include "common/test_util.h"
 #include "dlo/common/error.h"
@@ -92,6 +93,67 @@ TEST_CASE("weights in the compute dtype are views into the checkpoint mapping, n
   // Kept in fp32 by the dtype policy: converted, hence not in the (bf16) mapping.
   CHECK((m.block(0).scale_shift_table.scalar_type() == at::kFloat));
   CHECK_FALSE(inside(m.block(0).scale_shift_table));
+}
+
+// The set diffusers' enable_layerwise_casting hooks on a WanTransformer3DModel (its default skips;
+// listed from the hooked modules of diffusers 0.42.1): the blocks' Linears, weight and bias.
+TEST_CASE("the layerwise-cast tensors are diffusers': every block Linear's weight and bias, nothing else") {
+  const std::set<std::string> cast = {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q",
+                                      "attn2.to_k", "attn2.to_v", "attn2.to_out.0", "ffn.net.0.proj", "ffn.net.2"};
+  const auto c = small_config();
+  int n = 0;
+  for (const auto& spec : wan_transformer_specs(c, DType::F32)) {
+    CAPTURE(spec.name);
+    std::string module = spec.name;
+    if (module.rfind("blocks.", 0) == 0) module = module.substr(module.find('.', 7) + 1);
+    const std::size_t leaf = module.rfind('.');
+    const bool expect = spec.name.rfind("blocks.", 0) == 0 && cast.count(module.substr(0, leaf)) > 0;
+    CHECK(wan_layerwise_cast(spec.name) == expect);
+    n += expect;
+  }
+  CHECK(n == 20 * c.num_layers);
+  CHECK(wan_layerwise_cast("blocks.0.attn2.add_k_proj.bias"));  // the image cross-attention's (I2V)
+  CHECK_FALSE(wan_layerwise_cast("blocks.0.attn2.norm_added_k.weight"));
+}
+
+TEST_CASE("storage: fp8 rounds through the compute dtype as diffusers does, an fp8 file is kept as written, wider is refused") {
+  // 1.0626 lies above the fp8 e4m3fn midpoint 1.0625 between 1.0 and 1.125, so fp8(1.0626) =
+  // 1.125; bf16 rounds it to 1.0625 exactly, a tie that fp8 rounds to even: 1.0. diffusers loads in
+  // bf16 first, so its fp8 weight is 1.0.
+  const at::Tensor w = at::full({4}, 1.0626f);
+  const WanDtypes bf16_fp8{at::kBFloat16, at::kFloat8_e4m3fn}, fp32_fp8{at::kFloat, at::kFloat8_e4m3fn};
+  CHECK(bf16_fp8.keep("blocks.0.attn1.to_q.weight", w).to(at::kFloat)[0].item<float>() == 1.0f);
+  CHECK(fp32_fp8.keep("blocks.0.attn1.to_q.weight", w).to(at::kFloat)[0].item<float>() == 1.125f);
+  // Tensors outside the set keep the dtype diffusers computes them in.
+  CHECK((bf16_fp8.keep("blocks.0.norm2.weight", w).scalar_type() == at::kFloat));
+  CHECK((bf16_fp8.keep("blocks.0.attn1.norm_q.weight", w).scalar_type() == at::kBFloat16));
+  CHECK(bf16_fp8.describe() == "bf16 (Linears fp8 e4m3fn)");
+  CHECK(WanDtypes::same(at::kBFloat16).describe() == "bf16");
+
+  TempDir dir;
+  write_random_wan_transformer(dir.file("f32"), small_config(), DType::F32, 7, 0);
+  write_random_wan_transformer(dir.file("e5m2"), small_config(), DType::F8_E5M2, 7, 0);
+  const auto f32 = WeightStore::open(dir.file("f32")), e5m2 = WeightStore::open(dir.file("e5m2"));
+  auto storage = [](LinearStorage s, at::ScalarType compute, const WeightStore& w) {
+    return resolve_wan_dtypes(s, compute, w.checkpoint(), "--storage-dtype").linear_storage;
+  };
+  CHECK((storage(LinearStorage::kAuto, at::kBFloat16, f32) == at::kBFloat16));  // auto never picks fp8 itself
+  CHECK((storage(LinearStorage::kFp8, at::kBFloat16, f32) == at::kFloat8_e4m3fn));
+  CHECK((storage(LinearStorage::kAuto, at::kBFloat16, e5m2) == at::kFloat8_e5m2));  // as written
+  CHECK((storage(LinearStorage::kFp8, at::kFloat, e5m2) == at::kFloat8_e5m2));      // never rounded twice
+  CHECK((storage(LinearStorage::kBF16, at::kBFloat16, e5m2) == at::kBFloat16));
+  // An fp8 file's Linears are its mapping's bytes, not copies.
+  const auto m = WanTransformer::load(dir.file("e5m2"), at::kBFloat16);
+  const auto& map = m.weights().checkpoint().files()[0]->mapping();
+  const auto* p = static_cast<const std::byte*>(m.block(1).ffn2_w.data_ptr());
+  CHECK((m.block(1).ffn2_w.scalar_type() == at::kFloat8_e5m2));
+  CHECK((p >= map->data() && p < map->data() + map->size()));
+
+  CHECK_THROWS_WITH_AS(parse_linear_storage("fp32", at::kBFloat16, "--storage-dtype"),
+                       doctest::Contains("--storage-dtype: fp32 is wider than the compute dtype bf16"), Error);
+  CHECK_THROWS_WITH_AS(parse_linear_storage("int8", at::kBFloat16, "storage_dtype"),
+                       doctest::Contains("storage_dtype: 'int8' is not auto, fp8, bf16, fp16 or fp32"), Error);
+  CHECK(parse_linear_storage("fp16", at::kBFloat16, "x") == LinearStorage::kFP16);  // as wide: rounds, allowed
 }
 
 TEST_CASE("a checkpoint that disagrees with its config is refused, naming the tensor") {

@@ -59,21 +59,46 @@ TEST_CASE("the stack from the config equals the engine's plan of a checkpoint of
   c.num_layers = 3;
   c.attention_head_dim = 18;  // odd tensor sizes: alignment and padding matter
   c.ffn_dim = 40;
-  for (const auto& [weights, compute] : {std::pair{DType::F32, at::kBFloat16}, std::pair{DType::BF16, at::kFloat},
-                                         std::pair{DType::BF16, at::kBFloat16}}) {
-    write_random_wan_transformer(d.file("t"), c, weights, 1, 0);
-    const WanTransformer model = WanTransformer::load(d.file("t"), compute, /*load_blocks=*/false);
+  struct Case {
+    DType weights;
+    at::ScalarType compute;
+    LinearStorage storage;
+  };
+  for (const Case& k : {Case{DType::F32, at::kBFloat16, LinearStorage::kAuto}, Case{DType::BF16, at::kFloat, LinearStorage::kAuto},
+                        Case{DType::BF16, at::kBFloat16, LinearStorage::kAuto}, Case{DType::F32, at::kBFloat16, LinearStorage::kFp8},
+                        Case{DType::BF16, at::kFloat, LinearStorage::kFp8}, Case{DType::F32, at::kFloat, LinearStorage::kBF16},
+                        Case{DType::F8_E4M3, at::kBFloat16, LinearStorage::kAuto}}) {
+    CAPTURE(linear_storage_name(k.storage));
+    write_random_wan_transformer(d.file("t"), c, k.weights, 1, 0);
+    const WanTransformer model = WanTransformer::load(d.file("t"), c, k.compute, /*load_blocks=*/false, k.storage);
     for (int ranks = 1; ranks <= 4; ++ranks) {
       CAPTURE(ranks);
       const WanOffloadRunner runner(model, ranks);
       const StackSize real = stack_size(runner.plan());
-      const StackSize from_config = config_stack_size(c, compute, ranks);
+      const StackSize from_config = config_stack_size(c, model.dtypes(), ranks);
       CHECK(from_config.block_bytes == real.block_bytes);
       CHECK(from_config.shard_bytes == real.shard_bytes);
       CHECK(from_config.slot_bytes == real.slot_bytes);
       CHECK(from_config.ranks == real.ranks);
     }
   }
+}
+
+// Wan2.1 1.3B's block by hand (D 1536, FFN 8960; every tensor a multiple of 64 bytes, so no
+// alignment gaps): the Linears (8 attention D x D weights and D biases, FFN D x F + F and F x D +
+// D) are 46,422,272 elements; the rest is norm_q/norm_k x 2 (4 D, compute dtype) and norm2 + the
+// scale_shift_table (8 D, fp32).
+TEST_CASE("fp8 storage halves the block Linears' bytes in the stack the memory model counts") {
+  const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
+  const std::uint64_t linears = 8ULL * 1536 * 1536 + 8 * 1536 + 2ULL * 8960 * 1536 + 8960 + 1536, rest_bf16 = 4 * 1536 * 2,
+                      rest_fp32 = 8 * 1536 * 4;
+  REQUIRE(linears == 46422272);
+  const StackSize bf16 = config_stack_size(c, WanDtypes::same(at::kBFloat16), 2);
+  const StackSize fp8 = config_stack_size(c, WanDtypes{at::kBFloat16, at::kFloat8_e4m3fn}, 2);
+  CHECK(bf16.block_bytes.at(0) == linears * 2 + rest_bf16 + rest_fp32);
+  CHECK(fp8.block_bytes.at(0) == linears + rest_bf16 + rest_fp32);
+  CHECK(fp8.shard_bytes.at(0) == 23241984);  // half of 46,483,712 (23,241,856) rounded up to 256
+  CHECK(fp8.resident_bytes == bf16.resident_bytes);  // nothing outside the blocks is narrowed
 }
 
 TEST_CASE("a job's working memory is the counted forward's, and absurd sizes saturate") {
@@ -93,7 +118,7 @@ TEST_CASE("a job's working memory is the counted forward's, and absurd sizes sat
 TEST_CASE("the other jobs a rank holds (prepared next, parked) count in every job's working memory, the largest's") {
   const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
   const ModelInfo m = info_of(c);
-  const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
+  const StackSize stack = config_stack_size(c, WanDtypes::same(at::kBFloat16), 2);
   const std::vector<JobSpec> jobs = {job(256, 256, 17), job(480, 832, 81), job(256, 256, 17), job(256, 256, 17),
                                      job(256, 256, 17)};
   const JobMemory small = job_memory(m, jobs[0], at::kBFloat16), large = job_memory(m, jobs[1], at::kBFloat16);
@@ -116,7 +141,7 @@ TEST_CASE("the other jobs a rank holds (prepared next, parked) count in every jo
 TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job that fits no strategy fails alone") {
   const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
   const ModelInfo m = info_of(c);
-  const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
+  const StackSize stack = config_stack_size(c, WanDtypes::same(at::kBFloat16), 2);
   const MemoryBudget budget = gpu(80 * GB, 200 * GB);
   const std::vector<JobSpec> jobs = {job(480, 832, 81), job(16384, 16384, 1001), job(256, 256, 17)};
   const BatchMemoryPlan p = plan_batch_memory(m, jobs, StrategyRequest{}, stack, budget, at::kBFloat16, 0);
@@ -147,7 +172,7 @@ TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job t
 
 TEST_CASE("the per-job rule is choose_strategy's: a job just inside the device budget fits, just outside not") {
   const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
-  const StackSize stack = config_stack_size(c, at::kBFloat16, 2);
+  const StackSize stack = config_stack_size(c, WanDtypes::same(at::kBFloat16), 2);
   JobMemory j;
   j.working = 10 * GB;
   const StrategyChoice dlo{Strategy::kDlo, 0, ""};
@@ -181,7 +206,7 @@ TEST_CASE("the per-job rule is choose_strategy's: a job just inside the device b
 
 TEST_CASE("a saturated figure never fits, whatever the budget (no wrap-around)") {
   const WanTransformerConfig c = WanTransformerConfig::preset("wan-test");
-  const StackSize stack = config_stack_size(c, at::kFloat, 1);
+  const StackSize stack = config_stack_size(c, WanDtypes::same(at::kFloat), 1);
   JobMemory j;
   j.working = kSaturated;
   CHECK(job_memory_problem({Strategy::kResident, 0, ""}, stack, j, gpu(kSaturated - 1, kSaturated - 1)) != "");
@@ -204,7 +229,7 @@ TEST_CASE("the text encoder and the VAE on the device: bytes by hand, auto only 
   const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
   ModelInfo m = info_of(c);
   m.text_encoder = xxl;
-  const StackSize stack = config_stack_size(c, at::kBFloat16, 1);
+  const StackSize stack = config_stack_size(c, WanDtypes::same(at::kBFloat16), 1);
   const std::vector<JobSpec> jobs = {job(480, 832, 81)};
   const JobMemory j = job_memory(m, jobs[0], at::kBFloat16);
   const std::uint64_t aux = text_encoder_device_bytes(xxl, at::kBFloat16) + vae_decoder_device_bytes(vae, at::kFloat) + j.decode;

@@ -61,7 +61,7 @@ class FakeWork final : public dlo::BatchWork {
   dlo::StackSize load(const dlo::WaveDevice&, std::uint64_t& layout) override {
     layout = 7;
     std::vector<dlo::StackSize> sizes;
-    for (const auto& c : model_.expert_configs()) sizes.push_back(dlo::config_stack_size(c, at::kFloat, world().size()));
+    for (const auto& c : model_.expert_configs()) sizes.push_back(dlo::config_stack_size(c, dlo::WanDtypes::same(at::kFloat), world().size()));
     return dlo::join_stacks(sizes);
   }
   void use_aux_device(bool) override {}

@@ -10,7 +10,9 @@ every case of --cases:
     fp32-unipc-cfg  fp32-unipc-nocfg  fp32-euler-cfg  fp32-euler-nocfg  bf16-unipc-cfg ...
 
 fp32 cases must be identical (exit 1 otherwise); bf16 cases report the share of equal bytes and
-the largest difference and fail only above --bf16-max-diff. --ranks N runs dlo-generate under
+the largest difference and fail only above --bf16-max-diff. --storage-dtype fp8 keeps the blocks'
+Linears in fp8 on both sides (diffusers' enable_layerwise_casting; dlo's --storage-dtype), compared
+as the case's dtype says. --ranks N runs dlo-generate under
 `mpirun -np N` (the video must not depend on it). --two-experts makes a Wan2.2 A14B-shaped folder
 (transformer/ and transformer_2/, boundary_ratio in model_index.json) and passes --guidance-2 /
 --boundary-ratio to both sides (guidance_scale_2; the pipeline's boundary_ratio). --ti2v makes a
@@ -37,6 +39,7 @@ from parity_common import DTYPES
 
 PROMPT = "A fox walks through fresh snow at dawn, cinematic, 4k"
 NEGATIVE = "blurry, low quality, static"
+STORAGE = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def make_model(bin_dir, out, seed, make_args, two_experts=False, ti2v=False):
@@ -73,7 +76,7 @@ def diffusers_init_folder(made, out, seed, save_dtype):
     print(f"initialised by diffusers/transformers, written by WanPipeline.save_pretrained: shards {shards}")
 
 
-def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args):
+def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args, storage=True):
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline
 
     torch.set_num_threads(args.threads)
@@ -84,6 +87,12 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args):
     else:
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=flow_shift)
     pipe.set_progress_bar_config(disable=True)
+    if args.storage_dtype and storage:
+        # diffusers' layerwise casting: the blocks' Linears kept in the storage dtype, cast to the
+        # compute dtype just before each forward (loaded in the compute dtype first, as its docs do).
+        for t in (pipe.transformer, getattr(pipe, "transformer_2", None)):
+            if t is not None:
+                t.enable_layerwise_casting(storage_dtype=STORAGE[args.storage_dtype], compute_dtype=DTYPES[dtype])
     extra = {}
     if pipe.config.boundary_ratio is not None:
         assert pipe.transformer_2 is not None, "boundary_ratio without transformer_2"
@@ -117,6 +126,8 @@ def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
         cmd += ["--guidance-2", str(args.guidance_2)]
     if args.boundary_ratio is not None:
         cmd += ["--boundary-ratio", str(args.boundary_ratio)]
+    if args.storage_dtype:
+        cmd += ["--storage-dtype", args.storage_dtype]
     if args.ranks > 1:
         cmd = ["mpirun", "-np", str(args.ranks)] + cmd
     t0 = time.perf_counter()
@@ -153,6 +164,8 @@ def main():
     ap.add_argument("--guidance-2", type=float, help="the low-noise expert's guidance (two experts)")
     ap.add_argument("--boundary-ratio", type=float, help="the experts' boundary (two experts; default the folder's)")
     ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--storage-dtype", choices=STORAGE,
+                    help="the blocks' Linears kept in this dtype: diffusers' enable_layerwise_casting, dlo's --storage-dtype")
     ap.add_argument("--offload", default="auto", help="dlo-generate --offload")
     ap.add_argument("--bf16-max-diff", type=int, default=255, help="largest allowed byte difference in bf16 cases")
     ap.add_argument("--json", help="write the per-case results here")
@@ -189,6 +202,15 @@ def main():
                 print(f"{case}: FAIL shapes differ: dlo {ours.shape} vs diffusers {ref.shape}")
                 failed = True
                 continue
+            if args.storage_dtype:
+                # Equality means something only if the storage dtype changes the frames.
+                plain, _ = diffusers_frames(model, dtype, scheduler, args.flow_shift, guidance, args, storage=False)
+                changed = float((plain != ref).mean())
+                print(f"{case}: the {args.storage_dtype} storage changes {changed:.4f} of diffusers' frame bytes")
+                if changed == 0:
+                    print(f"{case}: FAIL the storage dtype changes nothing here")
+                    failed = True
+                    continue
             # Equality means something only if the frames are not flat or saturated.
             distinct = len(np.unique(ref))
             if distinct < 32:

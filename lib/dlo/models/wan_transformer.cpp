@@ -9,6 +9,7 @@
 
 #include "dlo/common/error.h"
 #include "dlo/config/wan_tensor_names.h"
+#include "dlo/models/tensor_view.h"
 
 namespace dlo {
 
@@ -25,6 +26,97 @@ at::ScalarType wan_weight_dtype(const std::string& name, at::ScalarType compute)
     start = dot + 1;
   }
   return compute;
+}
+
+bool wan_layerwise_cast(const std::string& name) {
+  // Relative to the block: drop "blocks.N." when the name is the model's.
+  std::string rel = name;
+  if (rel.rfind("blocks.", 0) == 0) {
+    const std::size_t dot = rel.find('.', 7);
+    if (dot == std::string::npos) return false;
+    rel = rel.substr(dot + 1);
+  }
+  static const char* const kLinears[] = {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                                         "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
+                                         "attn2.add_k_proj", "attn2.add_v_proj", "ffn.net.0.proj", "ffn.net.2"};
+  for (const char* l : kLinears)
+    for (const char* leaf : {".weight", ".bias"})
+      if (rel == std::string(l) + leaf) return true;
+  return false;
+}
+
+namespace {
+
+constexpr std::pair<LinearStorage, const char*> kStorageNames[] = {{LinearStorage::kAuto, "auto"},
+                                                                  {LinearStorage::kFp8, "fp8"},
+                                                                  {LinearStorage::kBF16, "bf16"},
+                                                                  {LinearStorage::kFP16, "fp16"},
+                                                                  {LinearStorage::kFP32, "fp32"}};
+
+bool is_fp8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
+
+const char* dtype_label(at::ScalarType t) {
+  if (t == at::kFloat8_e4m3fn) return "fp8 e4m3fn";
+  if (t == at::kFloat8_e5m2) return "fp8 e5m2";
+  return compute_dtype_name(t);
+}
+
+}  // namespace
+
+LinearStorage parse_linear_storage(const std::string& name, at::ScalarType compute, const std::string& what) {
+  for (const auto& [s, n] : kStorageNames)
+    if (name == n) {
+      const std::size_t bytes = s == LinearStorage::kFP32 ? 4 : s == LinearStorage::kBF16 || s == LinearStorage::kFP16 ? 2 : 0;
+      DLO_CHECK(bytes <= c10::elementSize(compute), what, ": ", n, " is wider than the compute dtype ",
+                compute_dtype_name(compute), ": the same frames at more bytes (give one no wider than --dtype, or auto)");
+      return s;
+    }
+  DLO_CHECK(false, what, ": '", name, "' is not auto, fp8, bf16, fp16 or fp32");
+}
+
+const char* linear_storage_name(LinearStorage s) {
+  for (const auto& [k, n] : kStorageNames)
+    if (k == s) return n;
+  DLO_ASSERT(false, "unnamed storage");
+}
+
+at::ScalarType WanDtypes::stored(const std::string& name) const {
+  return wan_layerwise_cast(name) ? linear_storage : wan_weight_dtype(name, compute);
+}
+
+at::Tensor WanDtypes::keep(const std::string& name, const at::Tensor& t) const {
+  const at::ScalarType to = stored(name);
+  if (t.scalar_type() == to) return t;
+  return as_dtype(as_dtype(t, wan_weight_dtype(name, compute)), to);
+}
+
+std::string WanDtypes::describe() const {
+  if (linear_storage == compute) return compute_dtype_name(compute);
+  return str(compute_dtype_name(compute), " (Linears ", dtype_label(linear_storage), ")");
+}
+
+WanDtypes resolve_wan_dtypes(LinearStorage storage, at::ScalarType compute, const Checkpoint& ck, const std::string& what) {
+  // The fp8 dtype the checkpoint keeps every layerwise-cast tensor in, if it is one.
+  std::optional<at::ScalarType> file_fp8;
+  bool uniform = true, any = false;
+  for (const TensorInfo* t : ck.tensors()) {
+    if (!wan_layerwise_cast(t->name)) continue;
+    const at::ScalarType d = to_scalar_type(t->dtype);
+    if (!any) file_fp8 = d;
+    any = true;
+    if (d != file_fp8) uniform = false;
+  }
+  const bool file_is_fp8 = any && uniform && is_fp8(*file_fp8);
+  WanDtypes d = WanDtypes::same(compute);
+  switch (storage) {
+    case LinearStorage::kAuto: d.linear_storage = file_is_fp8 ? *file_fp8 : compute; break;
+    case LinearStorage::kFp8: d.linear_storage = file_is_fp8 ? *file_fp8 : at::kFloat8_e4m3fn; break;
+    case LinearStorage::kBF16: d.linear_storage = at::kBFloat16; break;
+    case LinearStorage::kFP16: d.linear_storage = at::kHalf; break;
+    case LinearStorage::kFP32: d.linear_storage = at::kFloat; break;
+  }
+  (void)parse_linear_storage(linear_storage_name(storage), compute, what);  // no wider than compute
+  return d;
 }
 
 WanBlockWeights WanBlockWeights::bind(const std::vector<at::Tensor>& t, const WanTransformerConfig& c) {
@@ -49,8 +141,9 @@ WanBlockWeights WanBlockWeights::bind(const std::vector<at::Tensor>& t, const Wa
 
 namespace {
 
+// The one place a weight kept narrower than the compute dtype (WanDtypes) is cast to it: on the
+// device, just before its matmul, as diffusers' layerwise casting's pre_forward does.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  // Weights are normally stored in x's dtype; a mismatch converts on use (correct, slower).
   return at::linear(x, as_dtype(w, x.scalar_type()), as_dtype(b, x.scalar_type()));
 }
 
@@ -239,9 +332,11 @@ WanTransformer WanTransformer::load(const std::string& dir, at::ScalarType compu
 }
 
 WanTransformer WanTransformer::load(const std::string& weights, const WanTransformerConfig& config,
-                                    at::ScalarType compute, bool load_blocks) {
+                                    at::ScalarType compute, bool load_blocks, LinearStorage storage) {
   return with_context(str("loading transformer '", weights, "'"), [&] {
-    WanTransformer m(config, WeightStore(open_wan_transformer(weights)), compute);
+    WeightStore store(open_wan_transformer(weights));
+    const WanDtypes dtypes = resolve_wan_dtypes(storage, compute, store.checkpoint(), "--storage-dtype");
+    WanTransformer m(config, std::move(store), dtypes);
     const auto& c = m.config_;
     // Every tensor, blocks included (the engine streams them later), with its shape, and no
     // tensor the config does not use: a mismatch is found here, not mid-run.
@@ -249,7 +344,7 @@ WanTransformer WanTransformer::load(const std::string& weights, const WanTransfo
     for (const auto& s : wan_transformer_specs(c, DType::F32)) expected.emplace_back(s.name, s.shape);
     check_checkpoint_tensors(m.store_, expected);
     auto get = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
-      return as_dtype(m.store_.get(name, shape), wan_weight_dtype(name, compute));
+      return m.dtypes_.keep(name, m.store_.get(name, shape));
     };
     std::map<std::string, at::Tensor> g;
     std::map<std::string, std::vector<std::int64_t>> shape_of;
@@ -338,7 +433,7 @@ WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& 
   s.height = x_in.size(3) / p[1];
   s.width = x_in.size(4) / p[2];
 
-  const auto dt = compute_;
+  const auto dt = dtypes_.compute;
   const at::Tensor x = x_in.to(device_, dt);
   const at::Tensor context = context_in.to(device_, dt);
   const at::Tensor tsteps = timestep.to(device_);

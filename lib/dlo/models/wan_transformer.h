@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,50 @@ namespace dlo {
 // The dtype diffusers computes a tensor in (fp32 for the _keep_in_fp32_modules, else `compute`),
 // by its name relative to the block or the model.
 at::ScalarType wan_weight_dtype(const std::string& name, at::ScalarType compute);
+
+// ---- Storage narrower than compute (diffusers' layerwise casting) ----------------------------
+// Whether tensor `name` (relative to the model or its block) is one diffusers'
+// enable_layerwise_casting keeps in the storage dtype: with its default skips (patch_embedding,
+// condition_embedder, norms, proj_out, the fp32 modules), exactly the blocks' Linears, weight and
+// bias: attn1/attn2 to_q, to_k, to_v, to_out.0 (and the image cross-attention's add_k_proj,
+// add_v_proj), ffn.net.0.proj and ffn.net.2.
+bool wan_layerwise_cast(const std::string& name);
+
+// --storage-dtype: what those Linears are kept in.
+enum class LinearStorage { kAuto, kFp8, kBF16, kFP16, kFP32 };
+// "auto", "fp8", "bf16", "fp16", "fp32" for computing in `compute`. Throws dlo::Error naming `what`
+// (the flag or key) for anything else, and for a storage wider than `compute` (the same frames at
+// more bytes).
+LinearStorage parse_linear_storage(const std::string& name, at::ScalarType compute, const std::string& what);
+const char* linear_storage_name(LinearStorage s);
+
+// A transformer's dtypes: what it computes in, and what its layerwise-cast Linears are kept in
+// (host shards, gathers, device slots, resident blocks); every other tensor is kept in
+// wan_weight_dtype. A narrower storage is cast to the compute dtype on the device just before the
+// Linear's matmul (the one seam: the block's linear()): exactly from fp8, and from bf16 or fp16 to
+// fp32; fp16 to bf16 rounds, as diffusers' cast does.
+struct WanDtypes {
+  at::ScalarType compute = at::kBFloat16;
+  at::ScalarType linear_storage = at::kBFloat16;
+  static WanDtypes same(at::ScalarType compute) { return {compute, compute}; }
+  // The dtype tensor `name` is kept in.
+  at::ScalarType stored(const std::string& name) const;
+  // A checkpoint tensor `t` of `name` as kept: rounded as diffusers rounds it (loaded in the
+  // dtype it computes in, then cast to the storage dtype: two roundings where the checkpoint is
+  // wider than both), and not converted at all where the checkpoint already holds the stored
+  // dtype (an fp8 file's tensors are kept as written, never rounded twice). No copy then.
+  at::Tensor keep(const std::string& name, const at::Tensor& t) const;
+  // "bf16", or "bf16 (Linears fp8)" where they are kept narrower.
+  std::string describe() const;
+};
+
+// The dtype the layerwise-cast Linears of checkpoint `ck` are kept in when computing in `compute`:
+//   auto  the checkpoint's fp8 dtype where it stores all of them in one fp8 dtype (kept as written:
+//         the frames are those of upcasting them at load), else `compute`;
+//   fp8   that fp8 dtype likewise, else float8_e4m3fn (e4m3fn, as diffusers' layerwise casting);
+//   bf16, fp16, fp32: that dtype (no wider than `compute`: parse_linear_storage; else dlo::Error
+//   naming `what`).
+WanDtypes resolve_wan_dtypes(LinearStorage storage, at::ScalarType compute, const Checkpoint& ck, const std::string& what);
 
 struct WanBlockWeights {
   at::Tensor q1_w, q1_b, k1_w, k1_b, v1_w, v1_b, o1_w, o1_b, norm_q1, norm_k1;
@@ -125,12 +170,15 @@ class WanTransformer {
   // stream blocks pass false and supply block weights themselves.
   static WanTransformer load(const std::string& dir, at::ScalarType compute, bool load_blocks = true);
   // The same for weights of `config` at `weights`: anything open_wan_transformer opens (a folder,
-  // a single file, an index; diffusers', original Wan or ComfyUI's names, read as diffusers').
+  // a single file, an index; diffusers', original Wan or ComfyUI's names, read as diffusers'), its
+  // layerwise-cast Linears kept as `storage` resolves (resolve_wan_dtypes; "--storage-dtype" in
+  // its errors).
   static WanTransformer load(const std::string& weights, const WanTransformerConfig& config, at::ScalarType compute,
-                             bool load_blocks = true);
+                             bool load_blocks = true, LinearStorage storage = LinearStorage::kAuto);
 
   const WanTransformerConfig& config() const { return config_; }
-  at::ScalarType compute_dtype() const { return compute_; }
+  at::ScalarType compute_dtype() const { return dtypes_.compute; }
+  const WanDtypes& dtypes() const { return dtypes_; }
   const WeightStore& weights() const { return store_; }
 
   // Checks inputs without computing anything (for start-up checks): hidden_states x [B, C_in, F,
@@ -155,11 +203,11 @@ class WanTransformer {
   at::Device device() const { return device_; }
 
  private:
-  WanTransformer(WanTransformerConfig c, WeightStore store, at::ScalarType compute)
-      : config_(c), store_(std::move(store)), compute_(compute) {}
+  WanTransformer(WanTransformerConfig c, WeightStore store, WanDtypes dtypes)
+      : config_(c), store_(std::move(store)), dtypes_(dtypes) {}
   WanTransformerConfig config_;
   WeightStore store_;
-  at::ScalarType compute_;
+  WanDtypes dtypes_;
   WanGlobalWeights global_;
   std::vector<WanBlockWeights> blocks_;
   at::Tensor rope_cos_table_, rope_sin_table_;  // [rope_max_seq_len, head_dim] fp32

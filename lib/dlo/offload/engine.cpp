@@ -135,7 +135,7 @@ struct BlockEngine::Impl {
       for (std::int64_t i = 0; i < n; ++i) {
         std::vector<at::Tensor> v;
         for (const auto& t : plan.block(i).tensors)
-          v.push_back(as_packed(tensor_view(plan.checkpoint(), *t.source), t.dtype));
+          v.push_back(StackPlan::packed_values(t, tensor_view(plan.checkpoint(), *t.source)));
         resident.push_back(std::move(v));
       }
       return;
@@ -153,11 +153,6 @@ struct BlockEngine::Impl {
       stats.device_bytes += bytes;
     }
     transport->upload(uploads);
-  }
-
-  static at::Tensor as_packed(const at::Tensor& t, DType d) {
-    const auto st = to_scalar_type(d);
-    return t.scalar_type() == st ? t : t.to(st);
   }
 
   // Plans every block's part, then packs the host-held parts into one host arena and uploads the

@@ -82,11 +82,11 @@ std::uint64_t working_for_choice(const JobMemory& m, const MemoryBudget& b, cons
   return sat_add(s.resident_bytes, b.device_is_host ? sat_add(m.working, m.decode) : m.working);
 }
 
-// A tensor's bytes in the dtype the transformer computes it in (wan_weight_dtype).
-std::uint64_t computed_bytes(const TensorSpec& spec, at::ScalarType dtype) {
+// A tensor's bytes in the dtype the transformer keeps it in (WanDtypes::stored).
+std::uint64_t kept_bytes(const TensorSpec& spec, const WanDtypes& dtypes) {
   std::uint64_t numel = 1;
   for (auto dim : spec.shape) numel = sat_mul(numel, static_cast<std::uint64_t>(dim));
-  return sat_mul(numel, dtype_size(packed(wan_weight_dtype(spec.name, dtype))));
+  return sat_mul(numel, c10::elementSize(dtypes.stored(spec.name)));
 }
 
 }  // namespace
@@ -139,18 +139,18 @@ std::uint64_t vae_decoder_device_bytes(const WanVaeConfig& c, at::ScalarType vae
 std::uint64_t wan_non_block_bytes(const WanTransformerConfig& c, at::ScalarType dtype) {
   std::uint64_t total = 0;
   for (const auto& spec : wan_transformer_specs(c, DType::F32))
-    if (spec.name.rfind("blocks.", 0) != 0) total = sat_add(total, computed_bytes(spec, dtype));
+    if (spec.name.rfind("blocks.", 0) != 0) total = sat_add(total, kept_bytes(spec, WanDtypes::same(dtype)));
   return total;
 }
 
-StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype, int ranks) {
+StackSize config_stack_size(const WanTransformerConfig& c, const WanDtypes& dtypes, int ranks) {
   StackSize s;
-  s.resident_bytes = wan_non_block_bytes(c, dtype);
+  s.resident_bytes = wan_non_block_bytes(c, dtypes.compute);
   s.ranks = std::max(1, ranks);
   const auto n = static_cast<std::uint64_t>(s.ranks);
   std::uint64_t block = 0;
   for (const auto& spec : wan_block_specs(c, DType::F32))
-    block = sat_add(sat_round_up(block, kTensorAlign), computed_bytes(spec, dtype));
+    block = sat_add(sat_round_up(block, kTensorAlign), kept_bytes(spec, dtypes));
   const std::uint64_t shard = sat_round_up(sat_add(block, n - 1) / n, kShardAlign);
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     s.block_bytes.push_back(block);

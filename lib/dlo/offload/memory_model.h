@@ -15,6 +15,7 @@
 #include "dlo/config/job.h"
 #include "dlo/config/umt5_config.h"
 #include "dlo/config/wan_vae_config.h"
+#include "dlo/models/wan_transformer.h"
 #include "dlo/offload/strategy.h"
 
 namespace dlo {
@@ -34,10 +35,10 @@ struct JobMemory {
 JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype);
 
 // The transformer's block stack as the engine will plan it for `ranks` ranks (packed in the dtypes
-// the blocks compute in, tensors aligned, shards rounded up): equal to stack_size(StackPlan) of a
-// checkpoint with this config, from the config alone.
-// resident_bytes: the weights outside the blocks (wan_non_block_bytes).
-StackSize config_stack_size(const WanTransformerConfig& c, at::ScalarType dtype, int ranks);
+// the blocks are kept in, WanDtypes::stored: fp8 Linears count 1 byte an element; tensors aligned,
+// shards rounded up): equal to stack_size(StackPlan) of a checkpoint with this config, from the
+// config alone. resident_bytes: the weights outside the blocks (wan_non_block_bytes).
+StackSize config_stack_size(const WanTransformerConfig& c, const WanDtypes& dtypes, int ranks);
 // The transformer's weights outside its blocks (patch and text embeddings, time embedding and
 // projection, output head) in the dtypes it computes them in: what every rank keeps on its device.
 std::uint64_t wan_non_block_bytes(const WanTransformerConfig& c, at::ScalarType dtype);

@@ -13,23 +13,11 @@
 #include "dlo/dist/exchange_group.h"
 #include "dlo/dist/sequence_exchange.h"
 #include "dlo/mpi/mpi_world.h"
+#include "dlo/models/tensor_view.h"
 #include "dlo/models/torch_errors.h"
 #include "dlo/models/wan_transformer.h"
 
 namespace dlo {
-namespace {
-
-DType packed_dtype_for(at::ScalarType st) {
-  switch (st) {
-    case at::kFloat: return DType::F32;
-    case at::kBFloat16: return DType::BF16;
-    case at::kHalf: return DType::F16;
-    default: break;
-  }
-  DLO_CHECK(false, "unsupported compute dtype ", c10::toString(st));
-}
-
-}  // namespace
 
 std::string engine_stats_json(const EngineStats& s) {
   return nlohmann::ordered_json({{"strategy", s.strategy},
@@ -70,7 +58,7 @@ EngineStats sum_engine_stats(const std::vector<EngineStats>& all) {
 }
 
 OffloadStack::OffloadStack(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
-                           const std::function<DType(const std::string&)>& packed_dtype, int ranks)
+                           const std::function<PackedAs(const std::string&)>& packed_dtype, int ranks)
     : plan_(std::make_unique<StackPlan>(std::move(ck), blocks, packed_dtype, ranks)) {}
 
 void OffloadStack::ghost(const std::vector<BlockEngine*>& pass) {
@@ -101,12 +89,14 @@ std::vector<std::vector<std::string>> wan_blocks(const WanTransformerConfig& c) 
 
 }  // namespace
 
-// Blocks are packed in the dtype the model computes each tensor in: no conversion per block.
+// Blocks are packed in the dtype the model keeps each tensor in: no conversion per block (a
+// narrower storage is cast by the model's linear seam as it computes).
 WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks)
     : OffloadStack(model.weights().shared(), wan_blocks(model.config()),
                    [&model](const std::string& full) {
-                     const std::string rel = full.substr(full.find('.', 7) + 1);  // drop "blocks.N."
-                     return packed_dtype_for(wan_weight_dtype(rel, model.compute_dtype()));
+                     const WanDtypes& d = model.dtypes();
+                     return PackedAs(from_scalar_type(d.stored(full)),
+                                     from_scalar_type(wan_weight_dtype(full, d.compute)));
                    },
                    ranks),
       model_(model) {}

@@ -32,7 +32,7 @@ class OffloadStack {
  public:
   // Plans `blocks` (full tensor names per block) of `ck` for `ranks` ranks.
   OffloadStack(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
-               const std::function<DType(const std::string&)>& packed_dtype, int ranks);
+               const std::function<PackedAs(const std::string&)>& packed_dtype, int ranks);
   const StackPlan& plan() const { return *plan_; }
   // Creates the engine (after agree_wave has checked the layout). Keeps `collective` (if given)
   // alive until the engine is gone: the engine's last prefetch still uses it.
@@ -51,7 +51,8 @@ class OffloadStack {
 // The Wan transformer's blocks through the engine.
 class WanOffloadRunner : public OffloadStack {
  public:
-  // `model` loaded with load_blocks=false; blocks packed in the dtypes the model computes them in.
+  // `model` loaded with load_blocks=false; blocks packed in the dtypes the model keeps them in
+  // (WanDtypes::stored, rounded as WanDtypes::keep rounds).
   WanOffloadRunner(const WanTransformer& model, int ranks);
   WanOffloadRunner(WanTransformer&&, int) = delete;  // the runner keeps the model: never a temporary
   // One forward of every branch (e.g. conditional and unconditional for guidance): each block's

@@ -16,7 +16,7 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / 
 }  // namespace
 
 StackPlan::StackPlan(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
-                     const std::function<DType(const std::string&)>& packed_dtype, int ranks)
+                     const std::function<PackedAs(const std::string&)>& packed_dtype, int ranks)
     : ck_(std::move(ck)), ranks_(ranks) {
   DLO_ASSERT(ck_ != nullptr, "a stack plan needs a checkpoint");
   DLO_CHECK(ranks >= 1, "ranks must be >= 1");
@@ -27,7 +27,9 @@ StackPlan::StackPlan(std::shared_ptr<const Checkpoint> ck, const std::vector<std
       PackedTensor t;
       t.name = name;
       t.source = &ck_->at(name);
-      t.dtype = packed_dtype(name);
+      const PackedAs as = packed_dtype(name);
+      t.dtype = as.dtype;
+      t.via = as.via;
       t.shape = t.source->shape;
       t.offset = round_up(offset, kTensorAlign);
       t.nbytes = static_cast<std::uint64_t>(t.source->numel()) * dtype_size(t.dtype);
@@ -70,6 +72,7 @@ std::uint64_t StackPlan::fingerprint() const {
     for (const auto& t : b.tensors) {
       for (unsigned char c : t.name) mix(c);
       mix(static_cast<std::uint64_t>(t.dtype));
+      mix(static_cast<std::uint64_t>(t.via));
       mix(t.offset);
       for (auto d : t.shape) mix(static_cast<std::uint64_t>(d));
     }
@@ -99,10 +102,16 @@ void StackPlan::pack(std::int64_t i, std::uint64_t begin, std::uint64_t end, std
                                       at::TensorOptions().dtype(to_scalar_type(t.source->dtype)));
       at::Tensor to = at::from_blob(out + (lo - begin), {static_cast<std::int64_t>(count)},
                                     at::TensorOptions().dtype(to_scalar_type(t.dtype)));
-      to.copy_(from);
+      to.copy_(packed_values(t, from));
     }
     if (release_pages) file.mapping()->release_pages(t.source->offset + first * in_elem, count * in_elem);
   }
+}
+
+at::Tensor StackPlan::packed_values(const PackedTensor& t, const at::Tensor& from) {
+  const at::ScalarType to = to_scalar_type(t.dtype), via = to_scalar_type(t.via);
+  if (from.scalar_type() == to) return from;
+  return (from.scalar_type() == via || via == to ? from : from.to(via)).to(to);
 }
 
 std::vector<at::Tensor> StackPlan::views(std::int64_t i, std::byte* base, at::Device device) const {

@@ -23,10 +23,21 @@ namespace dlo {
 inline constexpr std::uint64_t kTensorAlign = 64;
 inline constexpr std::uint64_t kShardAlign = 256;
 
+// How a tensor is packed: its dtype in the layout, and the dtype its values are rounded through on
+// the way from the checkpoint's (diffusers loads in the compute dtype, then casts to a narrower
+// storage: two roundings). A checkpoint tensor already in `dtype` is copied as it is.
+struct PackedAs {
+  DType dtype;
+  DType via;
+  PackedAs(DType d) : dtype(d), via(d) {}  // NOLINT: one conversion, the plain case
+  PackedAs(DType d, DType through) : dtype(d), via(through) {}
+};
+
 struct PackedTensor {
   std::string name;                  // full checkpoint name
   const TensorInfo* source = nullptr;
   DType dtype = DType::F32;          // dtype in the packed layout (converted while packing if it differs)
+  DType via = DType::F32;            // rounded through on the way (PackedAs)
   std::vector<std::int64_t> shape;
   std::uint64_t offset = 0;          // in the block
   std::uint64_t nbytes = 0;
@@ -40,11 +51,11 @@ struct BlockPlan {
 class StackPlan {
  public:
   // Plans `blocks` (each a list of full tensor names in packing order) of checkpoint `ck` for
-  // `ranks` ranks; `packed_dtype(name)` gives each tensor's dtype in the layout. Throws
+  // `ranks` ranks; `packed_dtype(name)` gives each tensor's dtype in the layout (PackedAs). Throws
   // dlo::Error naming the checkpoint and tensor if one is missing.
   // The plan keeps the checkpoint (the engine packs from its mapping for as long as it runs).
   StackPlan(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
-            const std::function<DType(const std::string&)>& packed_dtype, int ranks);
+            const std::function<PackedAs(const std::string&)>& packed_dtype, int ranks);
 
   const Checkpoint& checkpoint() const { return *ck_; }
   int ranks() const { return ranks_; }
@@ -61,6 +72,10 @@ class StackPlan {
   // reading only the checkpoint bytes that land in that range. With `release_pages`, the
   // checkpoint pages read are released from the page cache afterwards.
   void pack(std::int64_t i, std::uint64_t begin, std::uint64_t end, std::byte* out, bool release_pages) const;
+
+  // Checkpoint values `from` of tensor `t` as packed: `from` itself when its dtype is t's, else
+  // converted (through t.via where that is a third dtype). What pack() writes, as a tensor.
+  static at::Tensor packed_values(const PackedTensor& t, const at::Tensor& from);
 
   // Views of block i's tensors in a packed buffer at `base` on `device` (no copies); the caller
   // keeps the buffer alive.

@@ -40,7 +40,7 @@ class ModelWork final : public BatchWork {
     const std::vector<std::string> weights = model_.expert_weights();
     for (std::size_t e = 0; e < weights.size(); ++e) {
       experts_.push_back(std::make_unique<WanTransformer>(
-          WanTransformer::load(weights[e], configs[e], o_.dtype, /*load_blocks=*/false)));
+          WanTransformer::load(weights[e], configs[e], o_.dtype, /*load_blocks=*/false, o_.storage)));
       experts_.back()->to_device(device_);
       runners_.push_back(std::make_unique<WanOffloadRunner>(*experts_.back(), world_.size()));
     }
