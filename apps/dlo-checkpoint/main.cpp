@@ -2,6 +2,7 @@
 //
 //   dlo-checkpoint inspect PATH [--json]
 //   dlo-checkpoint copy SRC DST_DIR [--shard-size 10GB] [--base-name NAME] [--wan-names original]
+//   dlo-checkpoint convert SRC DST_DIR --storage-dtype fp8 [--dtype bf16] [--shard-size 10GB]
 //   dlo-checkpoint make OUT_DIR [--preset wan-test] [--layers N ...] [--dtype bf16] [--seed S]
 //                      [--components transformer,scheduler,vae] [--vae-preset wan2.1-vae-small]
 //                      [--components ...,text_encoder,tokenizer] [--te-layers N --te-d-ff F ...]
@@ -27,6 +28,7 @@
 #include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
 #include "dlo/testing/make_model.h"
+#include "dlo/models/wan_convert.h"
 #include "dlo/models/weights.h"
 
 namespace {
@@ -38,6 +40,8 @@ constexpr const char* kUsage =
     "  copy SRC DST_DIR [--shard-size SIZE] [--base-name NAME]\n"
     "                               rewrite a checkpoint, resharded (SIZE 0: one file)\n"
     "       [--wan-names diffusers|original|comfyui]  a Wan transformer's names rewritten\n"
+    "  convert SRC DST_DIR --storage-dtype fp8 [--dtype bf16] [--shard-size SIZE]\n"
+    "                               a Wan transformer as a diffusers folder at a storage dtype\n"
     "  make OUT_DIR [--preset NAME] [--layers N] [--dim D] ... [--dtype bf16] [--seed S]\n"
     "       [--components transformer,scheduler,vae] [--vae-preset NAME] [--vae-base-dim N]\n"
     "                               write a random-weight model in the diffusers layout\n";
@@ -100,6 +104,41 @@ int copy(int argc, char** argv) {
   auto r = dlo::copy_checkpoint(ck, args["dst"].as<std::string>(), w);
   std::cout << "wrote " << r.files.size() << " file(s), " << dlo::human_bytes(r.total_bytes) << " of tensors"
             << (r.index_path.empty() ? "" : ", index " + r.index_path) << "\n";
+  return 0;
+}
+
+int convert(int argc, char** argv) {
+  cxxopts::Options opts("dlo-checkpoint convert",
+                        "A Wan transformer (folder, file or index; diffusers', original Wan or ComfyUI names) rewritten as a "
+                        "diffusers transformer folder at a storage dtype");
+  opts.add_options()("storage-dtype", "the blocks' Linears: fp8 (e4m3fn; a file already fp8 stays as it is), bf16, fp16 or fp32",
+                     cxxopts::value<std::string>())(
+      "dtype", "the compute dtype the rest is kept in, and the Linears rounded through (as dlo-generate --dtype)",
+      cxxopts::value<std::string>()->default_value("bf16"))(
+      "shard-size", "max bytes per shard (0: one file)", cxxopts::value<std::string>()->default_value("10GB"))(
+      "src", "source", cxxopts::value<std::string>())("dst", "destination directory", cxxopts::value<std::string>())(
+      "h,help", "help");
+  opts.parse_positional({"src", "dst"});
+  auto args = opts.parse(argc, argv);
+  if (args.count("help")) {
+    std::cout << opts.help();
+    return 0;
+  }
+  DLO_CHECK(args.count("src") && args.count("dst"), "convert: need SRC and DST_DIR");
+  DLO_CHECK(args.count("storage-dtype"), "convert: give --storage-dtype (fp8, bf16, fp16 or fp32)");
+  const auto compute = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
+  const std::string storage_name = args["storage-dtype"].as<std::string>();
+  DLO_CHECK(storage_name != "auto", "--storage-dtype: give the dtype to write (fp8, bf16, fp16 or fp32), not auto");
+  const auto storage = dlo::parse_linear_storage(storage_name, compute, "--storage-dtype");
+  const std::string dst = args["dst"].as<std::string>();
+  dlo::check_output_folder(dst);
+  dlo::WriteOptions w;
+  w.max_shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");
+  w.base_name = "diffusion_pytorch_model";
+  const auto r = dlo::convert_wan_transformer(args["src"].as<std::string>(), dst, storage, compute, w);
+  std::cout << "wrote " << r.written.files.size() << " file(s), " << dlo::human_bytes(r.written.total_bytes)
+            << " of tensors (" << r.dtypes.describe() << "), config.json"
+            << (r.written.index_path.empty() ? "" : ", index " + r.written.index_path) << "\n";
   return 0;
 }
 
@@ -270,6 +309,7 @@ int main(int argc, char** argv) {
     try {
       if (cmd == "inspect") return inspect(argc - 1, argv + 1);
       if (cmd == "copy") return copy(argc - 1, argv + 1);
+      if (cmd == "convert") return convert(argc - 1, argv + 1);
       if (cmd == "make") return make(argc - 1, argv + 1);
     } catch (const cxxopts::exceptions::exception& e) {
       throw dlo::Error(e.what());

@@ -100,6 +100,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     world.check_all(error);
   }
   const dlo::BatchPlan plan = dlo::plan_from_json(world.broadcast_string(plan_text, 0, "sharing the plan"));
+  // The manifest's storage_dtype (checked on rank 0) where the flag does not say.
+  if (!plan.storage_dtype.empty()) go = dlo::generate_options_from_flags(args, plan.storage_dtype);
   // The manifest's topology keys (checked on rank 0) where the flags do not say.
   go.topology = dlo::batch_topology_request(dlo::topology_flags(args), plan.sp, plan.cfg_parallel);
   try {

@@ -43,6 +43,10 @@ cxxopts::Options generate_flag_table(const AppOutputs& outputs) {
       "dry-run", "batch: print the plan and the memory estimate, render nothing")(
       "dtype", "transformer and text encoder: bf16, fp32 or fp16", cxxopts::value<std::string>()->default_value("bf16"))(
       "vae-dtype", "VAE: fp32, bf16 or fp16", cxxopts::value<std::string>()->default_value("fp32"))(
+      "storage-dtype", "what the transformer blocks' Linears are kept in (host shards, gathers, device slots), cast to "
+      "--dtype just before each matmul: fp8 (e4m3fn: half of bf16's bytes; the frames of diffusers' layerwise "
+      "casting), bf16, fp16, fp32, or auto (as computed; a file already in fp8 stays fp8). Default: the manifest's "
+      "storage_dtype, else auto", cxxopts::value<std::string>())(
       "offload", "auto, resident, device-shards, mixed, dlo or layerwise",
       cxxopts::value<std::string>()->default_value("auto"))(
       "device-budget", "device memory each rank may use, e.g. 40GiB (auto decides from it; mixed keeps as many "
@@ -80,10 +84,14 @@ std::int64_t integer_flag(const cxxopts::ParseResult& a, const std::string& flag
   return v;
 }
 
-GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& a) {
+GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& a, const std::string& storage_key) {
   GenerateOptions go;
   go.dtype = parse_compute_dtype(a["dtype"].as<std::string>(), "--dtype");
   go.vae_dtype = parse_compute_dtype(a["vae-dtype"].as<std::string>(), "--vae-dtype");
+  if (a.count("storage-dtype"))
+    go.storage = parse_linear_storage(a["storage-dtype"].as<std::string>(), go.dtype, "--storage-dtype");
+  else if (!storage_key.empty())
+    go.storage = parse_linear_storage(storage_key, go.dtype, "storage_dtype");
   go.offload = parse_strategy_request(a["offload"].as<std::string>(), "--offload");
   if (a.count("device-budget")) go.device_budget = parse_bytes(a["device-budget"].as<std::string>(), "--device-budget");
   if (const char* id = std::getenv("NCCL_HOSTID")) go.host_id = id;
@@ -181,6 +189,7 @@ BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, c
   o.force = a.count("force") > 0;
   o.dry_run = a.count("dry-run") > 0;
   o.dtypes = dtypes;
+  o.dtypes_with = [&a](const std::string& key) { return dtypes_label(generate_options_from_flags(a, key)); };
   o.ranks = ranks;
   o.topology = topology_flags(a);
   o.check_output = [&](const JobSpec& j, const ModelInfo& m) { outputs.format(j.format).check(j, m); };
@@ -239,7 +248,7 @@ void print_dry_run(const MpiWorld& world, const ModelInfo& model, const BatchPla
   }
   std::cout << "topology: " << rp.topology.reason << "\n";
   std::cout << "memory per rank with " << strategy_name(rp.memory.choice.strategy) << " on " << world.size()
-            << " rank(s) (estimate; device " << rp.device << "):\n"
+            << " rank(s) (estimate; device " << rp.device << "; transformer " << rp.weights << "):\n"
             << rp.memory.describe() << "\n";
 }
 

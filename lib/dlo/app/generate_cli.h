@@ -27,7 +27,8 @@ std::int64_t integer_flag(const cxxopts::ParseResult& args, const std::string& f
 
 // The run options the flags give, the same on every rank (the manifest's sp and cfg_parallel keys
 // are applied later, where the flags do not say). Errors name the flag.
-GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& args);
+// `storage_key`: the manifest's storage_dtype ("": none), used where --storage-dtype is not given.
+GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& args, const std::string& storage_key = "");
 
 // The topology flags given (--sp, --cfg-parallel), for batch_topology_request. Errors name the flag.
 TopologyFlags topology_flags(const cxxopts::ParseResult& args);

@@ -179,16 +179,19 @@ WriteResult write_safetensors_dir(const std::string& dir, const std::vector<Tens
   return result;
 }
 
-WriteResult copy_checkpoint(const Checkpoint& src, const std::string& dir, WriteOptions options) {
-  // Never write where the source lives: the write would replace (and then remove) what it reads.
+void check_writes_elsewhere(const Checkpoint& src, const std::string& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec))
     for (const auto& f : src.files()) {
       const fs::path from = fs::path(f->path()).parent_path().empty() ? fs::path(".") : fs::path(f->path()).parent_path();
       std::error_code eq;
       DLO_CHECK(!fs::equivalent(from, dir, eq), "'", dir, "' holds the source checkpoint ('", f->path(),
-                "'): copy into another folder");
+                "'): write into another folder");
     }
+}
+
+WriteResult copy_checkpoint(const Checkpoint& src, const std::string& dir, WriteOptions options) {
+  check_writes_elsewhere(src, dir);
   std::vector<TensorSpec> specs;
   std::vector<const TensorInfo*> infos;
   // File order, so the source is read sequentially.

@@ -56,6 +56,10 @@ void write_safetensors_file(const std::string& path, const std::vector<TensorSpe
                             const FillFn& fill, const std::map<std::string, std::string>& metadata);
 
 class Checkpoint;
+// Throws dlo::Error if `dir` is a folder `src`'s files are in: a checkpoint written there would
+// replace (and then remove) what it reads.
+void check_writes_elsewhere(const Checkpoint& src, const std::string& dir);
+
 // Copies every tensor of `src` (byte for byte, keeping its metadata) into `dir`, resharded by
 // `options` (options.metadata is merged over the source's). Streams through the source mapping.
 // Throws dlo::Error if `dir` is a folder the source's files are in (a write there would replace

@@ -48,6 +48,7 @@ std::string plan_to_json(const BatchPlan& p) {
                {"skipped", p.skipped},
                {"sp", p.sp},
                {"cfg_parallel", p.cfg_parallel},
+               {"storage_dtype", p.storage_dtype},
                {"jobs", batch_jobs_json(p.jobs)},
                {"recovered", batch_jobs_json(p.recovered)}})
       .dump();
@@ -64,6 +65,7 @@ BatchPlan plan_from_json(const std::string& text) {
     p.skipped = j.at("skipped");
     p.sp = j.at("sp");
     p.cfg_parallel = j.at("cfg_parallel");
+    p.storage_dtype = j.at("storage_dtype");
     p.jobs = batch_jobs_from_json(j.at("jobs"));
     p.recovered = batch_jobs_from_json(j.at("recovered"));
     return p;
@@ -267,7 +269,16 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
       problems.push_back({keys ? m.path : "command line", -1, "", "", e.what()});
     }
   }
+  std::string dtypes = o.dtypes;
+  if (o.dtypes_with) {
+    try {
+      dtypes = o.dtypes_with(m.storage_dtype);
+    } catch (const Error& e) {
+      problems.push_back({m.path, -1, "", "", e.what()});  // e.what() names the key
+    }
+  }
   BatchPlan p;
+  p.storage_dtype = m.storage_dtype;
   p.model = {canonical_path(m.model), parts.transformer.empty() ? "" : canonical_path(parts.transformer),
              parts.transformer_2.empty() ? "" : canonical_path(parts.transformer_2)};
   p.sp = m.sp;
@@ -288,7 +299,7 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   }
   if (problems.empty()) {
     p.model_identity = model_identity(parts);
-    for (const auto& j : m.jobs) fingerprints.push_back(job_fingerprint(j, model, p.model_identity, o.dtypes));
+    for (const auto& j : m.jobs) fingerprints.push_back(job_fingerprint(j, model, p.model_identity, dtypes));
     std::optional<LatentsIndex> latents;
     if (!o.latents.empty() && o.read_latents) latents = o.read_latents(o.latents);
     const ResumeResult r = plan_resume(m, fingerprints, read_results(p.results), o.force, o.recorded_fingerprint,

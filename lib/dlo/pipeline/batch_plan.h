@@ -35,6 +35,7 @@ struct BatchPlan {
   std::string results;          // results.jsonl's path ("": one prompt, no results file)
   std::vector<BatchJob> jobs;   // to render, in manifest order
   std::string sp, cfg_parallel; // the manifest's topology keys ("": not given; the flags win)
+  std::string storage_dtype;    // the manifest's storage_dtype ("": not given; the flag wins)
   std::int64_t skipped = 0;     // recorded as done, unchanged, with their outputs intact
   // Of the skipped: done by their outputs' own metadata (plan_resume), with no line in
   // results.jsonl yet; rank 0 records them before rendering.
@@ -125,7 +126,11 @@ struct BatchPlanOptions {
   OutputFormatNames formats;                 // the app's
   bool force = false;                        // render jobs done or changed again
   bool dry_run = false;                      // create nothing
-  std::string dtypes;                        // the compute dtypes (they decide the bytes)
+  std::string dtypes;                        // the dtypes (they decide the bytes): generate.h's dtypes_label
+  // The dtypes label when the manifest's storage_dtype is `key` ("" when absent): the app's, which
+  // lets --storage-dtype win; throws dlo::Error for a bad key (a problem of the manifest's key).
+  // Unset: `dtypes`.
+  std::function<std::string(const std::string& key)> dtypes_with;
   // The app's check of a job's output (its format's options and path); throws dlo::Error.
   std::function<void(const JobSpec& job, const ModelInfo& model)> check_output;
   // The fingerprint a job's existing output records in its metadata ("" for none): plan_resume.

@@ -36,7 +36,7 @@ const std::vector<std::string>& job_keys() {
   return keys;
 }
 const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs", "sp", "cfg_parallel", "transformer",
-                                           "transformer_2"};
+                                           "transformer_2", "storage_dtype"};
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
@@ -487,7 +487,7 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
   YAML::Node defaults_node, jobs_node;
   YAML::Mark defaults_mark, jobs_mark;
   bool has_jobs = false;
-  std::string top_sp, top_cfg;
+  std::string top_sp, top_cfg, top_storage;
   for (auto it = top.begin(); it != top.end(); ++it) {
     const YAML::Mark km = it->first.Mark();
     if (!it->first.IsScalar()) {
@@ -508,6 +508,13 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
     }
     if (key == "defaults") defaults_node = it->second, defaults_mark = km;
     if (key == "jobs") jobs_node = it->second, jobs_mark = km, has_jobs = true;
+    if (key == "storage_dtype") {  // checked against --dtype by the plan (BatchPlanOptions::dtypes_with)
+      if (it->second.IsScalar() && !it->second.Scalar().empty())
+        top_storage = it->second.Scalar();
+      else
+        problems.add(-1, key, str("must be auto, fp8, bf16, fp16 or fp32, got ", type_name(it->second)), it->second.Mark());
+      continue;
+    }
     if (key == "sp" || key == "cfg_parallel") {
       const YAML::Mark vm = it->second.Mark();
       if (!it->second.IsScalar()) {
@@ -577,6 +584,7 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
   Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, formats, problems);
   m.sp = top_sp;
   m.cfg_parallel = top_cfg;
+  m.storage_dtype = top_storage;
   m.transformer = transformer;
   m.transformer_2 = transformer_2;
   m.problems = std::move(problems.list);

@@ -61,6 +61,9 @@ struct Manifest {
   // The top-level `transformer` and `transformer_2` (weights given instead of the folder's),
   // resolved against the manifest's folder; "": not given. --transformer / --transformer-2 win.
   std::string transformer, transformer_2;
+  // The top-level `storage_dtype` (the transformer's Linears, as --storage-dtype; checked by the
+  // plan against the compute dtype); "": not given. --storage-dtype wins.
+  std::string storage_dtype;
   std::vector<JobSpec> jobs;  // every field resolved; `output` resolved against output_dir
   OutputFormatNames formats;  // the app's output formats it was read with
   // Per job (same index as jobs), per field name (the manifest's keys): where its value came from.

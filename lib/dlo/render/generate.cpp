@@ -7,9 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dlo/common/bytes.h"
 #include "dlo/common/clock.h"
 #include "dlo/common/error.h"
 #include "dlo/common/memory.h"
+#include "dlo/config/wan_tensor_names.h"
 #include "dlo/dist/device.h"
 #include "dlo/models/torch_errors.h"
 #include "dlo/mpi/mpi_world.h"
@@ -46,8 +48,29 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
     // Beside its job a rank holds the next one, prepared, and with two experts aligned up to
     // kMaxParked parked ones (generate's parked_).
     const int held = 1 + (model.two_experts() && o.align_experts ? kMaxParked : 0);
-    plan = plan_batch_memory(model, specs, o.offload, stack, budget, o.dtype, held,
-                             dev.device.is_cuda() ? o.text_vae : AuxPlacement::kHost, o.vae_dtype);
+    auto plan_with = [&](const StackSize& s) {
+      return plan_batch_memory(model, specs, o.offload, s, budget, o.dtype, held,
+                               dev.device.is_cuda() ? o.text_vae : AuxPlacement::kHost, o.vae_dtype);
+    };
+    try {
+      plan = plan_with(stack);
+    } catch (const Error& e) {
+      // Would the blocks' Linears in fp8 make it fit? Say so (never chosen silently: it changes the frames).
+      std::vector<StackSize> fp8;
+      for (const auto& c : model.expert_configs())
+        fp8.push_back(config_stack_size(c, WanDtypes{o.dtype, at::kFloat8_e4m3fn}, stack.ranks));
+      const StackSize smaller = join_stacks(fp8);
+      if (smaller.total() >= stack.total()) throw;
+      std::string fits;
+      try {
+        fits = str("; with --storage-dtype fp8 (the blocks' Linears in fp8: ", human_bytes(smaller.total()),
+                   " of blocks instead of ", human_bytes(stack.total()), ") it fits, with ",
+                   strategy_name(plan_with(smaller).choice.strategy), " (fp8 changes the frames: diffusers' layerwise casting)");
+      } catch (const Error&) {
+      }
+      if (fits.empty()) throw;
+      throw Error(e.what() + fits, e.kind());
+    }
   } catch (const Error& e) {
     error = e.what();
   }
@@ -483,7 +506,10 @@ class BatchRun {
 }  // namespace
 
 std::string dtypes_label(const GenerateOptions& o) {
-  return str(compute_dtype_name(o.dtype), "/", compute_dtype_name(o.vae_dtype));
+  // A storage asked for changes the frames (fp8 rounds); auto keeps a file's fp8 as written, the
+  // frames of upcasting it at load: no label of its own.
+  const std::string storage = o.storage == LinearStorage::kAuto ? "" : str("+", linear_storage_name(o.storage));
+  return str(compute_dtype_name(o.dtype), storage, "/", compute_dtype_name(o.vae_dtype));
 }
 
 std::string report_json(const GenerateReport& report) {
@@ -497,8 +523,18 @@ RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std:
                        const GenerateOptions& o) {
   const WaveDevice dev = agree_device(world, o.device, o.host_id, "--device");
   std::vector<StackSize> sizes;
-  for (const auto& c : model.expert_configs()) sizes.push_back(config_stack_size(c, o.dtype, world.size()));
-  return agree_plan(world, model, jobs, o, dev, join_stacks(sizes));
+  const std::vector<WanTransformerConfig> configs = model.expert_configs();
+  const std::vector<std::string> weights = model.expert_weights();
+  std::string kept;
+  for (std::size_t e = 0; e < configs.size(); ++e) {
+    // The checkpoint's header decides what auto keeps (an fp8 file stays fp8); no weight is read.
+    const WanDtypes d = resolve_wan_dtypes(o.storage, o.dtype, open_wan_transformer(weights[e]), "--storage-dtype");
+    sizes.push_back(config_stack_size(configs[e], d, world.size()));
+    kept += (e ? ", " : "") + d.describe();
+  }
+  RenderPlan p = agree_plan(world, model, jobs, o, dev, join_stacks(sizes));
+  p.weights = kept;
+  return p;
 }
 
 GenerateReport generate(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,

@@ -54,6 +54,9 @@ class MpiWorld;
 struct GenerateOptions {
   at::ScalarType dtype = at::kBFloat16;      // transformer and text encoder
   at::ScalarType vae_dtype = at::kFloat;     // diffusers recommends (and Wan ships) an fp32 VAE
+  // What the transformer's block Linears are kept in (--storage-dtype; resolve_wan_dtypes): in
+  // host shards, gathers and device slots; cast to `dtype` just before their matmul.
+  LinearStorage storage = LinearStorage::kAuto;
   StrategyRequest offload;                   // default auto
   DeviceRequest device;                      // default auto
   // Where the text encoder and the VAE run when the transformer runs on CUDA (memory_model.h):
@@ -116,7 +119,8 @@ struct GenerateReport {
   bool stopped = false;         // a stop was requested: jobs not finished were left for a rerun
 };
 
-// "bf16/fp32": the compute dtypes that decide a job's bytes (for job_fingerprint).
+// "bf16/fp32": the dtypes that decide a job's bytes (for job_fingerprint): the transformer's and
+// the VAE's compute dtypes, and a storage asked for ("bf16+fp8/fp32").
 std::string dtypes_label(const GenerateOptions& options);
 
 // The report as JSON: {"choice", "stopped", "jobs": [results.jsonl records], "ranks": [...]}.
@@ -130,6 +134,7 @@ struct RenderPlan {
   std::string device;  // this rank's, e.g. "cpu"
   BatchMemoryPlan memory;
   TopologyPlan topology;  // over the jobs that fit (the jobs not in memory.refused, in order)
+  std::string weights;    // the transformer's dtypes, each expert's (WanDtypes::describe)
 };
 RenderPlan plan_render(const MpiWorld& world, const ModelInfo& model, const std::vector<BatchJob>& jobs,
                        const GenerateOptions& options);
