@@ -86,7 +86,8 @@ int copy(int argc, char** argv) {
                           : dlo::open_wan_transformer(args["src"].as<std::string>());
   if (names != "" && names != "diffusers")
     ck.rename_tensors([&](const std::string& n) {
-      return (names == "comfyui" ? "model.diffusion_model." : "") + *dlo::wan_diffusers_to_original(n);
+      const std::string bare = n == dlo::kScaledFp8Marker ? n : *dlo::wan_diffusers_to_original(n);
+      return (names == "comfyui" ? "model.diffusion_model." : "") + bare;
     });
   dlo::WriteOptions w;
   w.max_shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");

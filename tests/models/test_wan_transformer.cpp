@@ -121,7 +121,7 @@ TEST_CASE("storage: fp8 rounds through the compute dtype as diffusers does, an f
   // 1.125; bf16 rounds it to 1.0625 exactly, a tie that fp8 rounds to even: 1.0. diffusers loads in
   // bf16 first, so its fp8 weight is 1.0.
   const at::Tensor w = at::full({4}, 1.0626f);
-  const WanDtypes bf16_fp8{at::kBFloat16, at::kFloat8_e4m3fn}, fp32_fp8{at::kFloat, at::kFloat8_e4m3fn};
+  const WanDtypes bf16_fp8 = WanDtypes::narrow(at::kBFloat16, at::kFloat8_e4m3fn), fp32_fp8 = WanDtypes::narrow(at::kFloat, at::kFloat8_e4m3fn);
   CHECK(bf16_fp8.keep("blocks.0.attn1.to_q.weight", w).to(at::kFloat)[0].item<float>() == 1.0f);
   CHECK(fp32_fp8.keep("blocks.0.attn1.to_q.weight", w).to(at::kFloat)[0].item<float>() == 1.125f);
   // Tensors outside the set keep the dtype diffusers computes them in.

@@ -94,7 +94,7 @@ TEST_CASE("fp8 storage halves the block Linears' bytes in the stack the memory m
                       rest_fp32 = 8 * 1536 * 4;
   REQUIRE(linears == 46422272);
   const StackSize bf16 = config_stack_size(c, WanDtypes::same(at::kBFloat16), 2);
-  const StackSize fp8 = config_stack_size(c, WanDtypes{at::kBFloat16, at::kFloat8_e4m3fn}, 2);
+  const StackSize fp8 = config_stack_size(c, WanDtypes::narrow(at::kBFloat16, at::kFloat8_e4m3fn), 2);
   CHECK(bf16.block_bytes.at(0) == linears * 2 + rest_bf16 + rest_fp32);
   CHECK(fp8.block_bytes.at(0) == linears + rest_bf16 + rest_fp32);
   CHECK(fp8.shard_bytes.at(0) == 23241984);  // half of 46,483,712 (23,241,856) rounded up to 256

@@ -114,6 +114,13 @@ std::string WanKeyLayout::describe() const {
 }
 
 std::optional<std::string> wan_original_to_diffusers(std::string_view name) { return map_name(name, true); }
+
+std::optional<std::string> wan_scaled_weight_of(std::string_view name) {
+  for (std::string_view tail : {".scale_weight", ".scale_input"})
+    if (name.size() > tail.size() && name.substr(name.size() - tail.size()) == tail)
+      return std::string(name.substr(0, name.size() - tail.size())) + ".weight";
+  return std::nullopt;
+}
 std::optional<std::string> wan_diffusers_to_original(std::string_view name) { return map_name(name, false); }
 
 WanKeyLayout detect_wan_key_layout(const std::vector<std::string>& names, const std::string& label) {
@@ -140,11 +147,16 @@ std::map<std::string, std::string> wan_diffusers_names(const std::vector<std::st
   std::vector<std::string> unknown;
   for (const auto& n : names) {
     std::optional<std::string> mapped;
-    if (n.compare(0, l.prefix.size(), l.prefix) == 0) {
+    if (n == kScaledFp8Marker) {  // ComfyUI writes it under its prefix; accepted without too
+      mapped = n;
+    } else if (n.compare(0, l.prefix.size(), l.prefix) == 0) {
       const std::string_view bare = std::string_view(n).substr(l.prefix.size());
       // diffusers' own names are kept as they are, but only those the table knows.
-      mapped = l.original ? wan_original_to_diffusers(bare)
-                          : (wan_diffusers_to_original(bare) ? std::optional<std::string>(std::string(bare)) : std::nullopt);
+      if (bare == kScaledFp8Marker)
+        mapped = std::string(bare);
+      else
+        mapped = l.original ? wan_original_to_diffusers(bare)
+                            : (wan_diffusers_to_original(bare) ? std::optional<std::string>(std::string(bare)) : std::nullopt);
     }
     if (mapped)
       out[n] = *mapped;

@@ -55,6 +55,15 @@ std::map<std::string, std::string> wan_diffusers_names(const std::vector<std::st
 // dlo::Error naming the file.
 Checkpoint open_wan_transformer(const std::string& path);
 
+// A ComfyUI "scaled fp8" file's own tensors beside the transformer's (diffusers' names): the
+// marker `scaled_fp8` (its dtype the fp8 kind), and beside each fp8 Linear's weight its per-tensor
+// `<module>.scale_weight` (float32; the weight is fp8 x scale) and optionally `<module>.scale_input`
+// (used only by fp8 matmuls, which dlo does not do).
+inline constexpr const char* kScaledFp8Marker = "scaled_fp8";
+// The weight a scale tensor belongs to ("blocks.0.attn1.to_q.scale_weight" ->
+// "blocks.0.attn1.to_q.weight"); nullopt for any other name.
+std::optional<std::string> wan_scaled_weight_of(std::string_view name);
+
 // Name -> shape of every tensor of `ck`, for config inference.
 std::map<std::string, std::vector<std::int64_t>> tensor_shapes(const Checkpoint& ck);
 

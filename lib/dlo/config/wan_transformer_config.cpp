@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/config/wan_tensor_names.h"
 
 namespace dlo {
 
@@ -319,8 +320,11 @@ WanTransformerConfig infer_wan_transformer_config(const TensorShapeMap& shapes, 
       else if (it->second != spec.shape)
         misshapen.push_back(str(spec.name, " ", wan_shape_text(it->second), " (expected ", wan_shape_text(spec.shape), ")"));
     }
-    for (const auto& [name, s] : shapes)
-      if (!expected.count(name)) unexpected.push_back(name);
+    for (const auto& [name, s] : shapes) {
+      // A scaled fp8 file's marker and scales beside the weights they scale (checked when loaded).
+      const auto scaled = wan_scaled_weight_of(name);
+      if (!expected.count(name) && name != kScaledFp8Marker && !(scaled && expected.count(*scaled))) unexpected.push_back(name);
+    }
     DLO_CHECK(missing.empty(), "lacks ", missing.size(), " tensor(s) of the transformer (diffusers' names): ", first_names(missing));
     DLO_CHECK(misshapen.empty(), misshapen.size(), " tensor(s) have another shape than the config's: ", first_names(misshapen));
     DLO_CHECK(unexpected.empty(), "holds ", unexpected.size(), " tensor(s) a Wan text-to-video transformer does not have ",

@@ -81,47 +81,96 @@ const char* linear_storage_name(LinearStorage s) {
 }
 
 at::ScalarType WanDtypes::stored(const std::string& name) const {
-  return wan_layerwise_cast(name) ? linear_storage : wan_weight_dtype(name, compute);
+  if (scaled && wan_scaled_weight_of(name)) return at::kFloat;
+  if (!wan_layerwise_cast(name)) return wan_weight_dtype(name, compute);
+  return name.compare(name.size() - 5, 5, ".bias") == 0 ? bias_storage : linear_storage;
+}
+
+namespace {
+
+// The block's 10 Linears' weights, relative to the block, in packing order.
+std::vector<std::string> block_linear_weights(const WanTransformerConfig& c) {
+  std::vector<std::string> out;
+  for (const auto& n : wan_block_tensor_names(c))
+    if (wan_layerwise_cast(n) && n.compare(n.size() - 7, 7, ".weight") == 0) out.push_back(n);
+  return out;
+}
+
+std::string scale_of(const std::string& weight) { return weight.substr(0, weight.size() - 7) + ".scale_weight"; }
+
+}  // namespace
+
+std::vector<std::string> wan_block_names(const WanTransformerConfig& c, const WanDtypes& d) {
+  std::vector<std::string> names = wan_block_tensor_names(c);
+  if (d.scaled)
+    for (const auto& w : block_linear_weights(c)) names.push_back(scale_of(w));
+  return names;
+}
+
+at::ScalarType WanDtypes::via(const std::string& name) const {
+  return scaled && wan_scaled_weight_of(name) ? at::kFloat : wan_weight_dtype(name, compute);
 }
 
 at::Tensor WanDtypes::keep(const std::string& name, const at::Tensor& t) const {
   const at::ScalarType to = stored(name);
   if (t.scalar_type() == to) return t;
-  return as_dtype(as_dtype(t, wan_weight_dtype(name, compute)), to);
+  return as_dtype(as_dtype(t, via(name)), to);
 }
 
 std::string WanDtypes::describe() const {
-  if (linear_storage == compute) return compute_dtype_name(compute);
-  return str(compute_dtype_name(compute), " (Linears ", dtype_label(linear_storage), ")");
+  if (linear_storage == compute && bias_storage == compute) return compute_dtype_name(compute);
+  return str(compute_dtype_name(compute), " (Linears ", scaled ? "scaled " : "", dtype_label(linear_storage),
+             bias_storage != linear_storage ? str(", biases ", dtype_label(bias_storage)) : std::string(), ")");
 }
 
 WanDtypes resolve_wan_dtypes(LinearStorage storage, at::ScalarType compute, const Checkpoint& ck, const std::string& what) {
-  // The fp8 dtype the checkpoint keeps every layerwise-cast tensor in, if it is one.
-  std::optional<at::ScalarType> file_fp8;
-  bool uniform = true, any = false;
-  for (const TensorInfo* t : ck.tensors()) {
-    if (!wan_layerwise_cast(t->name)) continue;
-    const at::ScalarType d = to_scalar_type(t->dtype);
-    if (!any) file_fp8 = d;
-    any = true;
-    if (d != file_fp8) uniform = false;
-  }
-  const bool file_is_fp8 = any && uniform && is_fp8(*file_fp8);
-  WanDtypes d = WanDtypes::same(compute);
-  switch (storage) {
-    case LinearStorage::kAuto: d.linear_storage = file_is_fp8 ? *file_fp8 : compute; break;
-    case LinearStorage::kFp8: d.linear_storage = file_is_fp8 ? *file_fp8 : at::kFloat8_e4m3fn; break;
-    case LinearStorage::kBF16: d.linear_storage = at::kBFloat16; break;
-    case LinearStorage::kFP16: d.linear_storage = at::kHalf; break;
-    case LinearStorage::kFP32: d.linear_storage = at::kFloat; break;
-  }
   (void)parse_linear_storage(linear_storage_name(storage), compute, what);  // no wider than compute
+  // The fp8 dtype the checkpoint keeps every layerwise-cast weight (bias) in, if it is one.
+  auto file_fp8 = [&](bool biases) -> std::optional<at::ScalarType> {
+    std::optional<at::ScalarType> kind;
+    for (const TensorInfo* t : ck.tensors()) {
+      if (!wan_layerwise_cast(t->name) || (t->name.compare(t->name.size() - 5, 5, ".bias") == 0) != biases) continue;
+      const at::ScalarType d = to_scalar_type(t->dtype);
+      if (!is_fp8(d) || (kind && *kind != d)) return std::nullopt;
+      kind = d;
+    }
+    return kind;
+  };
+  auto kept = [&](std::optional<at::ScalarType> file) {
+    switch (storage) {
+      case LinearStorage::kAuto: return file ? *file : compute;
+      case LinearStorage::kFp8: return file ? *file : at::kFloat8_e4m3fn;
+      case LinearStorage::kBF16: return at::kBFloat16;
+      case LinearStorage::kFP16: return at::kHalf;
+      case LinearStorage::kFP32: return at::kFloat;
+    }
+    return compute;
+  };
+  WanDtypes d = WanDtypes::same(compute);
+  d.linear_storage = kept(file_fp8(false));
+  d.bias_storage = kept(file_fp8(true));
+  std::vector<std::string> unscaled;
+  for (const TensorInfo* t : ck.tensors()) {
+    d.scaled |= t->name == kScaledFp8Marker || (wan_scaled_weight_of(t->name) && t->name.find(".scale_weight") != std::string::npos);
+    if (t->name.rfind("blocks.", 0) == 0 && wan_layerwise_cast(t->name) && t->name.compare(t->name.size() - 7, 7, ".weight") == 0 &&
+        !ck.find(scale_of(t->name)))
+      unscaled.push_back(t->name);
+  }
+  if (d.scaled) {
+    DLO_CHECK(storage == LinearStorage::kAuto || storage == LinearStorage::kFp8, what, ": ", linear_storage_name(storage),
+              ": '", ck.source(), "' is a scaled fp8 file (its Linears fp8 with a scale each), streamed as written: give fp8 or auto");
+    DLO_CHECK(file_fp8(false).has_value(), "'", ck.source(), "' is a scaled fp8 file, but its block Linears' weights are not all ",
+              "in one fp8 dtype");
+    DLO_CHECK(unscaled.empty(), "'", ck.source(), "' is a scaled fp8 file, but ", unscaled.size(),
+              " block Linear weight(s) have no scale_weight (diffusers' names), e.g. '", unscaled.empty() ? "" : unscaled[0], "'");
+  }
   return d;
 }
 
 WanBlockWeights WanBlockWeights::bind(const std::vector<at::Tensor>& t, const WanTransformerConfig& c) {
   const std::size_t expected = wan_block_tensor_names(c).size();
-  DLO_ASSERT(t.size() == expected, "block has ", t.size(), " tensors, expected ", expected);
+  DLO_ASSERT(t.size() == expected || t.size() == expected + 10, "block has ", t.size(), " tensors, expected ", expected,
+             " (or ", expected + 10, " with the scales of a scaled fp8 file)");
   WanBlockWeights w;
   std::size_t i = 0;
   for (at::Tensor* dst : {&w.q1_w, &w.q1_b, &w.k1_w, &w.k1_b, &w.v1_w, &w.v1_b, &w.o1_w, &w.o1_b, &w.norm_q1,
@@ -133,6 +182,9 @@ WanBlockWeights WanBlockWeights::bind(const std::vector<at::Tensor>& t, const Wa
     w.norm2_b = t[i++];
   }
   for (at::Tensor* dst : {&w.ffn0_w, &w.ffn0_b, &w.ffn2_w, &w.ffn2_b, &w.scale_shift_table}) *dst = t[i++];
+  if (i < t.size())  // wan_block_names' order: the Linears' scales
+    for (at::Tensor* dst : {&w.q1_s, &w.k1_s, &w.v1_s, &w.o1_s, &w.q2_s, &w.k2_s, &w.v2_s, &w.o2_s, &w.ffn0_s, &w.ffn2_s})
+      *dst = t[i++];
   return w;
 }
 
@@ -142,9 +194,12 @@ WanBlockWeights WanBlockWeights::bind(const std::vector<at::Tensor>& t, const Wa
 namespace {
 
 // The one place a weight kept narrower than the compute dtype (WanDtypes) is cast to it: on the
-// device, just before its matmul, as diffusers' layerwise casting's pre_forward does.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return at::linear(x, as_dtype(w, x.scalar_type()), as_dtype(b, x.scalar_type()));
+// device, just before its matmul, as diffusers' layerwise casting's pre_forward does; a scaled fp8
+// weight is then multiplied by its scale in the compute dtype (ComfyUI's dequantisation).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& scale = {}) {
+  const auto dt = x.scalar_type();
+  const at::Tensor weight = scale.defined() ? as_dtype(w, dt) * scale.to(dt) : as_dtype(w, dt);
+  return at::linear(x, weight, as_dtype(b, dt));
 }
 
 // diffusers' FP32LayerNorm: layer_norm in fp32, result cast back to the input's dtype.
@@ -193,18 +248,16 @@ at::Tensor ffn_gelu(const at::Tensor& x, const WanForwardState& s) {
 // Cross-attention of x's tokens on the text context (no RoPE): q from x, k and v from ctx. A
 // share's queries attend at their places among every token's (the others zero: SDPA's query
 // blocks as one rank's).
-at::Tensor cross_attention(const at::Tensor& x, const WanForwardState& s, const at::Tensor& q_w, const at::Tensor& q_b,
-                           const at::Tensor& k_w, const at::Tensor& k_b, const at::Tensor& v_w, const at::Tensor& v_b,
-                           const at::Tensor& o_w, const at::Tensor& o_b, const at::Tensor& nq, const at::Tensor& nk,
+at::Tensor cross_attention(const at::Tensor& x, const WanForwardState& s, const WanBlockWeights& w,
                            const WanTransformerConfig& c) {
   const at::Tensor& ctx = s.context;
   const auto D = c.dim();
-  at::Tensor q = linear(x, q_w, q_b);
-  at::Tensor k = linear(ctx, k_w, k_b);
-  at::Tensor v = linear(ctx, v_w, v_b);
+  at::Tensor q = linear(x, w.q2_w, w.q2_b, w.q2_s);
+  at::Tensor k = linear(ctx, w.k2_w, w.k2_b, w.k2_s);
+  at::Tensor v = linear(ctx, w.v2_w, w.v2_b, w.v2_s);
   // torch.nn.RMSNorm over the whole D (across heads).
-  q = at::rms_norm(q, {D}, as_dtype(nq, q.scalar_type()), c.eps);
-  k = at::rms_norm(k, {D}, as_dtype(nk, k.scalar_type()), c.eps);
+  q = at::rms_norm(q, {D}, as_dtype(w.norm_q2, q.scalar_type()), c.eps);
+  k = at::rms_norm(k, {D}, as_dtype(w.norm_k2, k.scalar_type()), c.eps);
   q = q.unflatten(2, {c.num_attention_heads, -1});
   k = k.unflatten(2, {c.num_attention_heads, -1});
   v = v.unflatten(2, {c.num_attention_heads, -1});
@@ -214,7 +267,7 @@ at::Tensor cross_attention(const at::Tensor& x, const WanForwardState& s, const 
                                                   v.permute({0, 2, 1, 3}));
   o = o.permute({0, 2, 1, 3});
   if (whole) o = rows_of(o, s);
-  return linear(o.flatten(2, 3).to(q.scalar_type()), o_w, o_b);
+  return linear(o.flatten(2, 3).to(q.scalar_type()), w.o2_w, w.o2_b, w.o2_s);
 }
 
 // diffusers' get_timestep_embedding(flip_sin_to_cos=True, downscale_freq_shift=0, scale=1), fp32.
@@ -258,9 +311,9 @@ WanSelfAttnInputs wan_block_self_attn_inputs(const WanBlockWeights& w, const Wan
   const at::Tensor n =
       (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + mod.scale_msa) + mod.shift_msa).to(dt);
   const auto D = c.dim();
-  at::Tensor q = linear(n, w.q1_w, w.q1_b);
-  at::Tensor k = linear(n, w.k1_w, w.k1_b);
-  at::Tensor v = linear(n, w.v1_w, w.v1_b);
+  at::Tensor q = linear(n, w.q1_w, w.q1_b, w.q1_s);
+  at::Tensor k = linear(n, w.k1_w, w.k1_b, w.k1_s);
+  at::Tensor v = linear(n, w.v1_w, w.v1_b, w.v1_s);
   // torch.nn.RMSNorm over the whole D (across heads): needs every head of a token.
   q = at::rms_norm(q, {D}, as_dtype(w.norm_q1, q.scalar_type()), c.eps).unflatten(2, {c.num_attention_heads, -1});
   k = at::rms_norm(k, {D}, as_dtype(w.norm_k1, k.scalar_type()), c.eps).unflatten(2, {c.num_attention_heads, -1});
@@ -282,18 +335,17 @@ at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, 
   const at::Tensor none;
 
   // 1. (continued) Self-attention's output projection, gated residual in fp32.
-  at::Tensor a = linear(attn.flatten(2, 3).to(dt), w.o1_w, w.o1_b);
+  at::Tensor a = linear(attn.flatten(2, 3).to(dt), w.o1_w, w.o1_b, w.o1_s);
   h = (h.to(at::kFloat) + a * gate_msa).to(dt);
 
   // 2. Cross-attention on the text context, plain residual in the compute dtype.
   at::Tensor n = c.cross_attn_norm ? fp32_layer_norm(h.to(at::kFloat), w.norm2_w, w.norm2_b, c.eps).to(dt) : h;
-  a = cross_attention(n, s, w.q2_w, w.q2_b, w.k2_w, w.k2_b, w.v2_w, w.v2_b, w.o2_w, w.o2_b, w.norm_q2,
-                      w.norm_k2, c);
+  a = cross_attention(n, s, w, c);
   h = h + a;
 
   // 3. Feed-forward (GELU tanh), gated residual in fp32.
   n = (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + c_scale) + c_shift).to(dt);
-  at::Tensor f = linear(ffn_gelu(linear(n, w.ffn0_w, w.ffn0_b), s), w.ffn2_w, w.ffn2_b);
+  at::Tensor f = linear(ffn_gelu(linear(n, w.ffn0_w, w.ffn0_b, w.ffn0_s), s), w.ffn2_w, w.ffn2_b, w.ffn2_s);
   return (h.to(at::kFloat) + f.to(at::kFloat) * c_gate).to(dt);
 }
 
@@ -341,10 +393,20 @@ WanTransformer WanTransformer::load(const std::string& weights, const WanTransfo
     // Every tensor, blocks included (the engine streams them later), with its shape, and no
     // tensor the config does not use: a mismatch is found here, not mid-run.
     TensorShapes expected;
-    for (const auto& s : wan_transformer_specs(c, DType::F32)) expected.emplace_back(s.name, s.shape);
-    check_checkpoint_tensors(m.store_, expected);
+    std::vector<std::string> scales = {kScaledFp8Marker};  // a scaled file's (resolve_wan_dtypes checks them)
+    for (const auto& s : wan_transformer_specs(c, DType::F32)) {
+      expected.emplace_back(s.name, s.shape);
+      if (s.name.size() > 7 && s.name.compare(s.name.size() - 7, 7, ".weight") == 0)
+        for (const char* tail : {".scale_weight", ".scale_input"}) scales.push_back(s.name.substr(0, s.name.size() - 7) + tail);
+    }
+    check_checkpoint_tensors(m.store_, expected, scales);
     auto get = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
-      return m.dtypes_.keep(name, m.store_.get(name, shape));
+      at::Tensor t = m.dtypes_.keep(name, m.store_.get(name, shape));
+      // A scaled file's Linears outside the blocks: dequantised once, here (the blocks' at their matmul).
+      const std::string scale = name.size() > 7 ? name.substr(0, name.size() - 7) + ".scale_weight" : "";
+      if (m.dtypes_.scaled && name.rfind("blocks.", 0) != 0 && !scale.empty() && m.store_.has(scale))
+        t = t * m.store_.get(scale).to(t.scalar_type());
+      return t;
     };
     std::map<std::string, at::Tensor> g;
     std::map<std::string, std::vector<std::int64_t>> shape_of;
@@ -368,12 +430,12 @@ WanTransformer WanTransformer::load(const std::string& weights, const WanTransfo
     gw.proj_out_b = g["proj_out.bias"];
     gw.scale_shift_table = g["scale_shift_table"];
     if (load_blocks) {
-      const auto names = wan_block_tensor_names(c);
+      const auto names = wan_block_names(c, m.dtypes_);
       for (std::int64_t i = 0; i < c.num_layers; ++i) {
         std::vector<at::Tensor> t;
         for (const auto& n : names) {
           const std::string full = "blocks." + std::to_string(i) + "." + n;
-          t.push_back(get(full, shape_of.at(full)));
+          t.push_back(wan_scaled_weight_of(full) ? m.dtypes_.keep(full, m.store_.get(full)) : get(full, shape_of.at(full)));
         }
         m.blocks_.push_back(WanBlockWeights::bind(t, c));
       }

@@ -46,32 +46,49 @@ enum class LinearStorage { kAuto, kFp8, kBF16, kFP16, kFP32 };
 LinearStorage parse_linear_storage(const std::string& name, at::ScalarType compute, const std::string& what);
 const char* linear_storage_name(LinearStorage s);
 
-// A transformer's dtypes: what it computes in, and what its layerwise-cast Linears are kept in
-// (host shards, gathers, device slots, resident blocks); every other tensor is kept in
-// wan_weight_dtype. A narrower storage is cast to the compute dtype on the device just before the
+// A transformer's dtypes: what it computes in, and what its layerwise-cast Linears' weights and
+// biases are kept in (host shards, gathers, device slots, resident blocks); every other tensor is
+// kept in wan_weight_dtype. A narrower storage is cast to the compute dtype on the device just before the
 // Linear's matmul (the one seam: the block's linear()): exactly from fp8, and from bf16 or fp16 to
 // fp32; fp16 to bf16 rounds, as diffusers' cast does.
 struct WanDtypes {
   at::ScalarType compute = at::kBFloat16;
-  at::ScalarType linear_storage = at::kBFloat16;
-  static WanDtypes same(at::ScalarType compute) { return {compute, compute}; }
-  // The dtype tensor `name` is kept in.
+  at::ScalarType linear_storage = at::kBFloat16;  // the Linears' weights
+  at::ScalarType bias_storage = at::kBFloat16;    // and biases
+  // A ComfyUI scaled fp8 file (wan_tensor_names.h): every block Linear's weight is kept as written
+  // (fp8) with its float32 scale_weight beside it in the block (wan_scaled_block_tensor_names), and
+  // used as weight.to(compute) * scale.to(compute) (the multiply in the compute dtype, as
+  // ComfyUI's scaled fp8 ops dequantise); the Linears outside the blocks are dequantised so at load.
+  bool scaled = false;
+  static WanDtypes same(at::ScalarType compute) { return {compute, compute, compute, false}; }
+  static WanDtypes narrow(at::ScalarType compute, at::ScalarType storage) { return {compute, storage, storage, false}; }
+  // The dtype tensor `name` is kept in, and the one it is rounded through on the way there (the
+  // dtype diffusers loads it in: the one it computes in; a scale stays float32).
   at::ScalarType stored(const std::string& name) const;
+  at::ScalarType via(const std::string& name) const;
   // A checkpoint tensor `t` of `name` as kept: rounded as diffusers rounds it (loaded in the
   // dtype it computes in, then cast to the storage dtype: two roundings where the checkpoint is
   // wider than both), and not converted at all where the checkpoint already holds the stored
   // dtype (an fp8 file's tensors are kept as written, never rounded twice). No copy then.
   at::Tensor keep(const std::string& name, const at::Tensor& t) const;
-  // "bf16", or "bf16 (Linears fp8)" where they are kept narrower.
+  // "bf16", or "bf16 (Linears fp8 e4m3fn)" where they are kept narrower ("..., biases bf16" where
+  // those differ; "scaled fp8 e4m3fn" for a scaled file).
   std::string describe() const;
 };
 
-// The dtype the layerwise-cast Linears of checkpoint `ck` are kept in when computing in `compute`:
+// The names of a block's tensors, relative to "blocks.N.", in packing order: wan_block_tensor_names,
+// and for a scaled file the scale_weight of each of the block's 10 Linears after them.
+std::vector<std::string> wan_block_names(const WanTransformerConfig& c, const WanDtypes& d);
+
+// The dtypes the layerwise-cast Linears of checkpoint `ck` are kept in when computing in `compute`,
+// for their weights and, apart, their biases (fp8 files keep biases wide):
 //   auto  the checkpoint's fp8 dtype where it stores all of them in one fp8 dtype (kept as written:
 //         the frames are those of upcasting them at load), else `compute`;
 //   fp8   that fp8 dtype likewise, else float8_e4m3fn (e4m3fn, as diffusers' layerwise casting);
-//   bf16, fp16, fp32: that dtype (no wider than `compute`: parse_linear_storage; else dlo::Error
-//   naming `what`).
+//   bf16, fp16, fp32: that dtype (no wider than `compute`: parse_linear_storage).
+// A scaled fp8 file (its marker, or any scale_weight) is kept as written: auto or fp8 only, and
+// every block Linear's weight fp8 with its scale. Throws dlo::Error naming `what` (the flag) and the
+// file.
 WanDtypes resolve_wan_dtypes(LinearStorage storage, at::ScalarType compute, const Checkpoint& ck, const std::string& what);
 
 struct WanBlockWeights {
@@ -80,8 +97,11 @@ struct WanBlockWeights {
   at::Tensor norm2_w, norm2_b;  // undefined when !cross_attn_norm
   at::Tensor ffn0_w, ffn0_b, ffn2_w, ffn2_b;
   at::Tensor scale_shift_table;  // [1, 6, D]
+  // A scaled fp8 file's per-tensor scales of the Linears' weights (WanDtypes::scaled); undefined
+  // otherwise.
+  at::Tensor q1_s, k1_s, v1_s, o1_s, q2_s, k2_s, v2_s, o2_s, ffn0_s, ffn2_s;
 
-  // Binds tensors given in wan_block_tensor_names() order (no copies).
+  // Binds tensors given in wan_block_names() order (no copies).
   static WanBlockWeights bind(const std::vector<at::Tensor>& tensors, const WanTransformerConfig& c);
 };
 

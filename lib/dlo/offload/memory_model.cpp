@@ -151,6 +151,9 @@ StackSize config_stack_size(const WanTransformerConfig& c, const WanDtypes& dtyp
   std::uint64_t block = 0;
   for (const auto& spec : wan_block_specs(c, DType::F32))
     block = sat_add(sat_round_up(block, kTensorAlign), kept_bytes(spec, dtypes));
+  if (dtypes.scaled)  // a scaled fp8 file's scales, one float32 per Linear (wan_block_names)
+    for (std::size_t k = wan_block_tensor_names(c).size(); k < wan_block_names(c, dtypes).size(); ++k)
+      block = sat_add(sat_round_up(block, kTensorAlign), 4);
   const std::uint64_t shard = sat_round_up(sat_add(block, n - 1) / n, kShardAlign);
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     s.block_bytes.push_back(block);

@@ -76,8 +76,8 @@ void OffloadStack::start(EngineOptions options, std::unique_ptr<Collective> coll
 
 namespace {
 
-std::vector<std::vector<std::string>> wan_blocks(const WanTransformerConfig& c) {
-  const auto names = wan_block_tensor_names(c);
+std::vector<std::vector<std::string>> wan_blocks(const WanTransformerConfig& c, const WanDtypes& d) {
+  const auto names = wan_block_names(c, d);
   std::vector<std::vector<std::string>> blocks;
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     std::vector<std::string> b;
@@ -92,11 +92,10 @@ std::vector<std::vector<std::string>> wan_blocks(const WanTransformerConfig& c) 
 // Blocks are packed in the dtype the model keeps each tensor in: no conversion per block (a
 // narrower storage is cast by the model's linear seam as it computes).
 WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks)
-    : OffloadStack(model.weights().shared(), wan_blocks(model.config()),
+    : OffloadStack(model.weights().shared(), wan_blocks(model.config(), model.dtypes()),
                    [&model](const std::string& full) {
                      const WanDtypes& d = model.dtypes();
-                     return PackedAs(from_scalar_type(d.stored(full)),
-                                     from_scalar_type(wan_weight_dtype(full, d.compute)));
+                     return PackedAs(from_scalar_type(d.stored(full)), from_scalar_type(d.via(full)));
                    },
                    ranks),
       model_(model) {}

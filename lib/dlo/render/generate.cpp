@@ -58,7 +58,7 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
       // Would the blocks' Linears in fp8 make it fit? Say so (never chosen silently: it changes the frames).
       std::vector<StackSize> fp8;
       for (const auto& c : model.expert_configs())
-        fp8.push_back(config_stack_size(c, WanDtypes{o.dtype, at::kFloat8_e4m3fn}, stack.ranks));
+        fp8.push_back(config_stack_size(c, WanDtypes::narrow(o.dtype, at::kFloat8_e4m3fn), stack.ranks));
       const StackSize smaller = join_stacks(fp8);
       if (smaller.total() >= stack.total()) throw;
       std::string fits;
