@@ -58,9 +58,9 @@ struct Manifest {
   // The top-level `sp` and `cfg_parallel` (the batch's topology, pipeline/topology.h), checked;
   // "": not given.
   std::string sp, cfg_parallel;
-  // The top-level `transformer` and `transformer_2` (weights given instead of the folder's),
-  // resolved against the manifest's folder; "": not given. --transformer / --transformer-2 win.
-  std::string transformer, transformer_2;
+  // The top-level `transformer`, `transformer_2` and `vae` (weights given instead of the folder's),
+  // resolved against the manifest's folder; "": not given. --transformer / --transformer-2 / --vae win.
+  std::string transformer, transformer_2, vae;
   std::vector<JobSpec> jobs;  // every field resolved; `output` resolved against output_dir
   OutputFormatNames formats;  // the app's output formats it was read with
   // Per job (same index as jobs), per field name (the manifest's keys): where its value came from.
