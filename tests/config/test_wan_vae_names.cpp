@@ -175,7 +175,7 @@ TEST_CASE("vae names: every tensor of each known VAE, both ways, one to one, and
         "diffusers layout (Wan2.2 VAE)");
 }
 
-TEST_CASE("vae names: a VAE written in the original layouts reads as diffusers', same bytes; bad names refused") {
+TEST_CASE("vae names: a VAE written in the original layouts reads as diffusers', same bytes, and bad names are refused") {
   TempDir dir;
   for (const char* preset : {"wan2.1-vae-small", "wan2.2-vae-test"}) {
     CAPTURE(preset);
@@ -245,7 +245,7 @@ TEST_CASE("vae config from shapes: each known VAE, against the folder's, refused
   CHECK(mentions(error_of([&] { dlo::infer_wan_vae_config(shapes, &w21, "f"); }), "holds 1 tensor(s) the VAE does not have (diffusers' names): decoder.extra.weight"));
 }
 
-TEST_CASE("model parts: a VAE given as a file takes the folder's vae config, or a known one's without vae/; another z_dim refused") {
+TEST_CASE("model parts: a VAE given as a file takes the folder's vae config, or a known one's without vae/, and refuses another z_dim") {
   TempDir dir;
   const std::string model = dir.file("model");
   dlo::test::write_config_only_model(model);  // wan2.1-vae-small's vae/config.json, a 16-channel transformer
