@@ -46,6 +46,11 @@ for model in m t; do
   done
   echo "1. $model: the folder's frames ($want) from the original layout and from the folder's file given"
 done
+# The file is what decodes: a VAE of other weights (another seed) gives other frames.
+"$C" make "$T/other" --preset wan-test --seed 9 --components vae --dtype fp32 >/dev/null
+[ "$(frames "$T/f-other" 48 --model "$T/m" --vae "$T/other/vae")" != "$(frames "$T/f-m-again" 48 --model "$T/m")" ] \
+  || fail "--vae naming other weights changed nothing: the file was not used"
+echo "   a VAE file of other weights: other frames"
 python3 - "$T/latents.safetensors" <<'EOF'
 import json, random, struct, sys
 random.seed(1)
