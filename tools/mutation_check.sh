@@ -126,6 +126,16 @@ MUTANTS=$(cat <<'EOF'
 107|lib/dlo/config/wan_transformer_config.cpp|config from shapes: in_channels read from the width|"c.in_channels = patch[1];"|"c.in_channels = patch[0];"
 108|lib/dlo/config/model_info.cpp|the model identity (so the fingerprint) ignores a transformer given as a file (the folder's transformer/ counted instead)|"      if (!given.empty()) {\n        add_given(part, given);"|"      if (false) {\n        add_given(part, given);"
 109|lib/dlo/config/model_info.h|--transformer-2 ignored (the folder's transformer_2/ rendered instead)|"return transformer_2.empty() ? folder(\"transformer_2\") : transformer_2;"|"return folder(\"transformer_2\");"
+130|lib/dlo/config/wan_vae_names.cpp|vae names: a residual block's first norm and conv swapped|"kResnet[] = {{\"residual.0\", \"norm1\"}, {\"residual.2\", \"conv1\"},"|"kResnet[] = {{\"residual.0\", \"conv1\"}, {\"residual.2\", \"norm1\"},"
+131|lib/dlo/config/wan_vae_names.cpp|vae names: the Wan2.1 decoder's flat list read as num_res_blocks + 1 per stage (the upsampler forgotten)|"j = *i % (nrb + 2);\n      i = *i / (nrb + 2);"|"j = *i % (nrb + 1);\n      i = *i / (nrb + 1);"
+132|lib/dlo/config/wan_vae_names.cpp|vae names: the Wan2.2 encoder's resampler looked for one slot late|"if (*j == nrb) return joined(stage + \"downsampler.\""|"if (*j == nrb + 1) return joined(stage + \"downsampler.\""
+133|lib/dlo/config/wan_vae_names.cpp|vae names: the original conv1 / conv2 read as post_quant_conv / quant_conv|"{\"conv1\", \"quant_conv\", {}},\n    {\"conv2\", \"post_quant_conv\", {}},"|"{\"conv1\", \"post_quant_conv\", {}},\n    {\"conv2\", \"quant_conv\", {}},"
+134|lib/dlo/config/wan_vae_names.cpp|vae layout: an original Wan2.2 VAE detected as Wan2.1's|"holds_prefix(names, \"encoder.downsamples.0.downsamples.0.\")"|"holds_prefix(names, \"decoder.upsamples.0.downsamples.0.\")"
+135|lib/dlo/config/wan_vae_names.cpp|vae layout: num_res_blocks one too many (the decoder's first stage counted whole)|"l.num_res_blocks = n - 1;"|"l.num_res_blocks = n;"
+136|lib/dlo/config/wan_vae_names.cpp|a VAE file's names left as stored (the table never applied)|"  ck.rename_tensors([&](const std::string& n) { return renamed.at(n); });\n"|""
+137|lib/dlo/config/wan_vae_config.cpp|vae config from shapes: z_dim not compared with the folder's (a Wan2.1 VAE for a Wan2.2 model passes this check)|"DLO_CHECK(shown[k].second == theirs[k].second,"|"DLO_CHECK(k == 0 \x7c\x7c shown[k].second == theirs[k].second,"
+138|lib/dlo/config/model_info.h|--vae ignored (the folder's vae/ decodes instead)|"return vae_file.empty() ? vae() : vae_file;"|"return vae();"
+139|lib/dlo/config/model_info.cpp|the model identity (so the fingerprint) ignores a VAE given as a file|"std::strcmp(part, \"vae\") == 0           ? parts.vae_file"|"std::strcmp(part, \"vae\") == 1           ? parts.vae_file"
 EOF
 )
 

@@ -24,6 +24,7 @@
 #include "dlo/common/file.h"
 #include "dlo/app/tool.h"
 #include "dlo/config/wan_tensor_names.h"
+#include "dlo/config/wan_vae_names.h"
 #include "dlo/io/inspect.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
@@ -68,7 +69,8 @@ int copy(int argc, char** argv) {
   opts.add_options()("shard-size", "max bytes per shard (0: one file)", cxxopts::value<std::string>()->default_value("10GB"))(
       "base-name", "file base name (default: the source's)", cxxopts::value<std::string>())(
       "wan-names", "a Wan transformer's tensors renamed: diffusers, original (the Wan repositories') or comfyui "
-      "(original under 'model.diffusion_model.'); read from any of them", cxxopts::value<std::string>())(
+      "(original under 'model.diffusion_model.'); read from any of them. A Wan VAE's likewise (the original Wan2.1 "
+      "or Wan2.2 VAE names; ComfyUI's VAE files use the original names)", cxxopts::value<std::string>())(
       "src", "source", cxxopts::value<std::string>())("dst", "destination directory", cxxopts::value<std::string>())(
       "h,help", "help");
   opts.parse_positional({"src", "dst"});
@@ -82,13 +84,23 @@ int copy(int argc, char** argv) {
   const std::string names = args.count("wan-names") ? args["wan-names"].as<std::string>() : "";
   DLO_CHECK(names.empty() || names == "diffusers" || names == "original" || names == "comfyui", "--wan-names: '", names,
             "' is not diffusers, original or comfyui");
-  auto ck = names.empty() ? dlo::Checkpoint::open(args["src"].as<std::string>())
-                          : dlo::open_wan_transformer(args["src"].as<std::string>());
-  if (names != "" && names != "diffusers")
+  const std::string src = args["src"].as<std::string>();
+  auto ck = dlo::Checkpoint::open(src);
+  // A VAE (its decoder's first conv under either naming) takes the VAE's table, anything else the transformer's.
+  const bool vae = ck.find("decoder.conv_in.weight") != nullptr || ck.find("decoder.conv1.weight") != nullptr;
+  if (!names.empty()) ck = vae ? dlo::open_wan_vae(src) : dlo::open_wan_transformer(src);
+  if (names != "" && names != "diffusers" && vae) {
+    std::vector<std::string> now;
+    for (const dlo::TensorInfo* t : ck.tensors()) now.push_back(t->name);
+    dlo::WanVaeKeyLayout to = dlo::detect_wan_vae_layout(now, ck.source());
+    to.original = true;
+    ck.rename_tensors([&](const std::string& n) { return *dlo::wan_vae_diffusers_to_original(n, to); });
+  } else if (names != "" && names != "diffusers") {
     ck.rename_tensors([&](const std::string& n) {
       const std::string bare = n == dlo::kScaledFp8Marker ? n : *dlo::wan_diffusers_to_original(n);
       return (names == "comfyui" ? "model.diffusion_model." : "") + bare;
     });
+  }
   dlo::WriteOptions w;
   w.max_shard_bytes = dlo::parse_bytes(args["shard-size"].as<std::string>(), "--shard-size");
   if (args.count("base-name")) {

@@ -53,7 +53,7 @@ at::Tensor to_tensor(const std::vector<std::int64_t>& v, std::int64_t rows, std:
 
 TensorMap run_component(const std::string& model_dir, const std::string& component, const TensorMap& inputs,
                         const ForwardOptions& options) {
-  const ModelParts parts{model_dir, "", ""};
+  const ModelParts parts{model_dir, "", "", options.vae};
   const std::string dir = parts.folder(component);
   ForwardStats scratch;
   ForwardStats& stats = options.stats != nullptr ? *options.stats : scratch;
@@ -82,7 +82,7 @@ TensorMap run_component(const std::string& model_dir, const std::string& compone
   if (component == "vae") {
     // latents: normalised, as the transformer outputs them. Like WanPipeline: de-normalise with
     // the config's latents_mean/std, then vae.decode(); "output" is the video in [-1, 1].
-    auto model = WanVae::load(dir, options.dtype);
+    auto model = WanVae::load(parts.vae_weights(), read_vae_config(parts), options.dtype);
     for (const auto& w : model.config().warnings) stats.warnings.push_back(w);
     const at::Tensor& x = require_input(inputs, "latents", component);
     at::Tensor out = with_context("vae decode", [&] { return timed([&] { return model.decode(model.denormalize(x)); }); });

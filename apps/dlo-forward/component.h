@@ -25,6 +25,7 @@ struct ForwardOptions {
   at::ScalarType dtype = at::kFloat;  // compute dtype (weights kept in fp32 where diffusers keeps them)
   std::string prompt;                 // text_encoder: tokenize this instead of reading input_ids
   bool has_prompt = false;            // `prompt` was given (it may be "", the pipeline's negative prompt)
+  std::string vae;                    // vae: weights given instead of <model>/vae (--vae FILE)
   int repeat = 1;                     // forward passes to run (timing); the last one's output is returned
   ForwardStats* stats = nullptr;      // filled when not null
 };

@@ -60,6 +60,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       "transformer", "the transformer's weights instead of the folder's transformer/ (as dlo-generate --transformer)",
       cxxopts::value<std::string>())(
       "transformer-2", "the low-noise expert's weights instead of transformer_2/", cxxopts::value<std::string>())(
+      "vae", "the VAE's weights instead of the folder's vae/ (as dlo-generate --vae)", cxxopts::value<std::string>())(
       "component", "transformer, transformer_2 (Wan2.2 A14B's low-noise expert, as transformer), vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
       "with the config's latents_mean/std as WanPipeline does, then decoded: output [B, 3, 1 + 4 (F - 1), 8 H, 8 W] "
       "in [-1, 1]), text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
@@ -111,6 +112,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   for (const char* given : {"transformer", "transformer-2"})
     DLO_CHECK(!args.count(given) || args["component"].as<std::string>().rfind("transformer", 0) == 0, "--", given,
               " is for --component transformer or transformer_2");
+  DLO_CHECK(!args.count("vae") || args["component"].as<std::string>() == "vae", "--vae is for --component vae");
   world.set_timeout_s(dlo::gather_timeout_setting(std::getenv("DLO_GATHER_TIMEOUT_S")));
   const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
   std::string note;
@@ -200,6 +202,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     dlo::ForwardOptions fo;
     fo.dtype = dtype;
     if (args.count("prompt")) fo.prompt = args["prompt"].as<std::string>(), fo.has_prompt = true;
+    if (args.count("vae")) fo.vae = args["vae"].as<std::string>();
     fo.repeat = static_cast<int>(passes);
     dlo::ForwardStats stats;
     fo.stats = &stats;

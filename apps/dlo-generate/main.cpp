@@ -118,7 +118,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     if (world.rank() != 0) {
       const std::string mine = dlo::model_identity(plan.model);
       DLO_CHECK(mine == plan.model_identity, "the model folder '", plan.model.dir, "'",
-                plan.model.transformer.empty() && plan.model.transformer_2.empty() ? "" : " (with the transformer weights given)",
+                plan.model.transformer.empty() && plan.model.transformer_2.empty() && plan.model.vae_file.empty()
+                    ? ""
+                    : " (with the weights given)",
                 " holds other files here than on rank 0 ",
                 "(identity ", mine, ", rank 0's ", plan.model_identity, "): every rank must render from the same weights");
     }

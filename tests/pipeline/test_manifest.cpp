@@ -727,6 +727,16 @@ TEST_CASE("the top-level transformer keys: paths resolved against the manifest's
   CHECK(one_problem(d, "model: m\ntransformer_2: ''\njobs: [a]\n") == "m.yaml:2:1: transformer_2: is empty");
 }
 
+TEST_CASE("the top-level vae key: a path resolved against the manifest's folder, checked with its line") {
+  TempDir d;
+  fs::create_directories(d.path() / "sub");
+  Loaded r = load(d, "sub/m.yaml", "model: m\nvae: v/wan_2.1_vae.safetensors\njobs: [a]\n");
+  CHECK(r.problems.empty());
+  CHECK(r.manifest.vae == "sub/v/wan_2.1_vae.safetensors");
+  CHECK(load(d, "m.yaml", "model: m\njobs: [a]\n").manifest.vae.empty());
+  CHECK(one_problem(d, "model: m\nvae: {a: 1}\njobs: [a]\n") == "m.yaml:2:1: vae: must be a path (a string), got a mapping");
+}
+
 TEST_CASE("odd output names are refused when the manifest is read (V14): blank, spaced, '-', no extension, the output folder") {
   TempDir d;
   const std::string h = kHead;

@@ -37,6 +37,8 @@ cxxopts::Options generate_flag_table(const AppOutputs& outputs) {
       "checked against the folder's)", cxxopts::value<std::string>())(
       "transformer-2", "two experts: the low-noise expert's weights instead of transformer_2/ (as --transformer)",
       cxxopts::value<std::string>())(
+      "vae", "the VAE's weights instead of the folder's vae/: a .safetensors file in diffusers' or the original "
+      "Wan2.1 / Wan2.2 VAE names (config from the shapes, checked against the folder's)", cxxopts::value<std::string>())(
       "jobs", "a batch: a YAML manifest or a .txt file of prompts (docs/manifest.md)", cxxopts::value<std::string>())(
       "output-dir", "batch: where videos and results.jsonl go (default: the manifest's output_dir)",
       cxxopts::value<std::string>())("force", "batch: render every job again, also those done or changed since")(
@@ -113,7 +115,8 @@ TopologyFlags topology_flags(const cxxopts::ParseResult& a) {
 
 ModelParts model_parts_from_flags(const cxxopts::ParseResult& a) {
   ModelParts m{canonical_path(a["model"].as<std::string>()), "", ""};
-  for (const auto& [flag, given] : {std::pair<const char*, std::string*>{"transformer", &m.transformer}, {"transformer-2", &m.transformer_2}})
+  for (const auto& [flag, given] : {std::pair<const char*, std::string*>{"transformer", &m.transformer},
+                                    {"transformer-2", &m.transformer_2}, {"vae", &m.vae_file}})
     if (a.count(flag)) {
       *given = a[flag].as<std::string>();
       DLO_CHECK(!given->empty(), "--", flag, " is empty");
@@ -180,7 +183,8 @@ BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, c
   o.flags = std::move(flags);
   if (a.count("model")) o.model = a["model"].as<std::string>();
   if (a.count("output-dir")) o.output_dir = a["output-dir"].as<std::string>();
-  for (const auto& [flag, given] : {std::pair<const char*, std::string*>{"transformer", &o.transformer}, {"transformer-2", &o.transformer_2}})
+  for (const auto& [flag, given] : {std::pair<const char*, std::string*>{"transformer", &o.transformer},
+                                    {"transformer-2", &o.transformer_2}, {"vae", &o.vae}})
     if (a.count(flag)) {
       *given = a[flag].as<std::string>();
       DLO_CHECK(!given->empty(), "--", flag, " is empty");

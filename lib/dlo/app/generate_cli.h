@@ -33,7 +33,7 @@ GenerateOptions generate_options_from_flags(const cxxopts::ParseResult& args, co
 // The topology flags given (--sp, --cfg-parallel), for batch_topology_request. Errors name the flag.
 TopologyFlags topology_flags(const cxxopts::ParseResult& args);
 
-// --model with --transformer / --transformer-2 (canonical paths). Errors name the flag.
+// --model with --transformer / --transformer-2 / --vae (canonical paths). Errors name the flag.
 ModelParts model_parts_from_flags(const cxxopts::ParseResult& args);
 
 // Rank 0: the plan of one --prompt job (the model's defaults, then the flags; a seed drawn when

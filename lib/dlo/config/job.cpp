@@ -543,6 +543,7 @@ std::string job_parameters_json(const JobSpec& job, const ModelInfo& info, const
   // A transformer given as its own weights (only then, so other videos' metadata stays as it was).
   if (!info.parts.transformer.empty()) j["transformer"] = info.parts.transformer;
   if (!info.parts.transformer_2.empty()) j["transformer_2"] = info.parts.transformer_2;
+  if (!info.parts.vae_file.empty()) j["vae"] = info.parts.vae_file;
   j["dlo_version"] = dlo_version();
   if (!fingerprint.empty()) j["fingerprint"] = fingerprint;
   return j.dump();
@@ -588,7 +589,8 @@ std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
              noise_scheduler_name(s.kind), " (flow shift ", number(s.flow_shift), "); ", job.width, "x", job.height,
              ", ", job.frames, " frames at ", job.fps, " fps; model ", info.parts.dir,
              info.parts.transformer.empty() ? std::string() : str(" with transformer ", info.parts.transformer),
-             info.parts.transformer_2.empty() ? std::string() : str(" and transformer_2 ", info.parts.transformer_2), "; dlo ", dlo_version());
+             info.parts.transformer_2.empty() ? std::string() : str(" and transformer_2 ", info.parts.transformer_2),
+             info.parts.vae_file.empty() ? std::string() : str(" with vae ", info.parts.vae_file), "; dlo ", dlo_version());
 }
 
 std::string jobs_to_json(const std::vector<JobSpec>& jobs) {

@@ -14,6 +14,7 @@
 #include "dlo/common/file.h"
 #include "dlo/common/sha256.h"
 #include "dlo/config/wan_tensor_names.h"
+#include "dlo/config/wan_vae_names.h"
 #include "dlo/io/json_config.h"
 
 #include <nlohmann/json.hpp>
@@ -163,9 +164,12 @@ std::string model_identity(const ModelParts& parts) {
     for (const char* part : {"scheduler", "text_encoder", "tokenizer", "transformer", "transformer_2", "vae"}) {
       const std::string& given = std::strcmp(part, "transformer") == 0     ? parts.transformer
                                  : std::strcmp(part, "transformer_2") == 0 ? parts.transformer_2
+                                 : std::strcmp(part, "vae") == 0           ? parts.vae_file
                                                                            : std::string();
       if (!given.empty()) {
         add_given(part, given);
+        // A VAE given still decodes with the statistics of the folder's vae/config.json, if any.
+        if (std::strcmp(part, "vae") == 0 && ::access((dir + "/vae/config.json").c_str(), F_OK) == 0) add("vae/config.json");
         continue;
       }
       // transformer_2/ only where there is one: a Wan2.1 folder's identity is what it always was.
@@ -194,6 +198,15 @@ std::vector<std::int64_t> ModelInfo::latent_shape(std::int64_t frames, std::int6
           width / vae.scale_factor_spatial};
 }
 
+WanVaeConfig read_vae_config(const ModelParts& parts) {
+  const std::string json = parts.vae() + "/config.json";
+  if (parts.vae_file.empty()) return WanVaeConfig::from_json(JsonConfig::load(json));
+  std::optional<WanVaeConfig> folder;
+  if (::access(json.c_str(), F_OK) == 0) folder = WanVaeConfig::from_json(JsonConfig::load(json));
+  return infer_wan_vae_config(tensor_shapes(open_wan_vae(parts.vae_file)), folder ? &*folder : nullptr,
+                              str("vae weights '", parts.vae_file, "'"));
+}
+
 WanTransformerConfig read_expert_config(const ModelParts& parts, bool second) {
   const std::string part = second ? "transformer_2" : "transformer";
   const std::string& given = second ? parts.transformer_2 : parts.transformer;
@@ -211,7 +224,8 @@ ModelInfo read_model_info(const ModelParts& parts) {
     DLO_CHECK(is_dir(dir), "not a folder");
     std::vector<std::string> missing;
     for (const char* part : {"transformer", "vae", "text_encoder", "tokenizer", "scheduler"})
-      if (!is_dir(parts.folder(part)) && !(std::strcmp(part, "transformer") == 0 && !parts.transformer.empty()))
+      if (!is_dir(parts.folder(part)) && !(std::strcmp(part, "transformer") == 0 && !parts.transformer.empty()) &&
+          !(std::strcmp(part, "vae") == 0 && !parts.vae_file.empty()))
         missing.push_back(part);
     if (!missing.empty()) {
       std::string list;
@@ -253,7 +267,7 @@ ModelInfo read_model_info(const ModelParts& parts) {
                 "model_index.json: field 'expand_timesteps' is true, but the transformer's patch_size is [", p[0], ", ",
                 p[1], ", ", p[2], "]; WanPipeline's per-token timestep (mask[:, ::2, ::2]) needs [1, 2, 2]");
     }
-    info.vae = WanVaeConfig::from_json(JsonConfig::load(parts.vae() + "/config.json"));
+    info.vae = read_vae_config(parts);
     DLO_CHECK(info.vae.video_channels() == 3, "vae/config.json: field 'out_channels' is ", info.vae.out_channels,
               info.vae.patch() > 1 ? str(" (", info.vae.video_channels(), " channels after unpatchify of patch_size ",
                                          info.vae.patch(), ")")
@@ -265,7 +279,8 @@ ModelInfo read_model_info(const ModelParts& parts) {
               info.text_encoder.d_model, ") differs from the transformer's text_dim (", info.transformer.text_dim, ")");
     DLO_CHECK(info.transformer.in_channels == info.vae.z_dim && info.transformer.out_channels == info.vae.z_dim,
               "the transformer's latent channels (in ", info.transformer.in_channels, ", out ",
-              info.transformer.out_channels, ") differ from the VAE's z_dim (", info.vae.z_dim, ")");
+              info.transformer.out_channels, ") differ from the VAE's z_dim (", info.vae.z_dim, ")",
+              parts.vae_file.empty() ? std::string() : str(" of the vae weights '", parts.vae_file, "'"));
     return info;
   });
 }

@@ -18,18 +18,23 @@ namespace dlo {
 
 // Where a model's parts are: a diffusers model folder's sub-folders, except a transformer given
 // as its own weights (--transformer FILE: a single .safetensors file, an index, or a folder of
-// shards, in diffusers', the original Wan or ComfyUI's names). Every path to a part is asked of
-// this, not composed elsewhere.
+// shards, in diffusers', the original Wan or ComfyUI's names) and a VAE given so (--vae FILE, in
+// diffusers' or the original Wan2.1 / Wan2.2 VAE names). Every path to a part is asked of this,
+// not composed elsewhere.
 struct ModelParts {
   std::string dir;                         // the diffusers model folder
   std::string transformer, transformer_2;  // weights given instead of transformer/, transformer_2/ ("": none)
+  std::string vae_file{};                  // weights given instead of vae/'s ("": none)
 
   std::string index() const { return dir + "/model_index.json"; }
   // The transformer's weights: the file given, else the folder's transformer/ (and so for
   // transformer_2). What WanTransformer::load and open_wan_transformer read.
   std::string transformer_weights() const { return transformer.empty() ? folder("transformer") : transformer; }
   std::string transformer_2_weights() const { return transformer_2.empty() ? folder("transformer_2") : transformer_2; }
+  // The folder's vae/ (its config.json, where there is one), and the VAE's weights: the file
+  // given, else vae/. What WanVae::load and open_wan_vae read.
   std::string vae() const { return folder("vae"); }
+  std::string vae_weights() const { return vae_file.empty() ? vae() : vae_file; }
   std::string text_encoder() const { return folder("text_encoder"); }
   std::string tokenizer() const { return folder("tokenizer"); }
   std::string scheduler() const { return folder("scheduler"); }
@@ -71,9 +76,14 @@ struct ModelInfo {
 // given as its own weights (ModelParts::transformer, transformer_2) has its config from its
 // tensors' shapes (infer_wan_transformer_config, headers only), checked against the folder's
 // transformer config where the folder has one (then the folder may lack the weights, or the
-// sub-folder altogether); transformer_2 given for a model of one transformer is an error. Throws
-// dlo::Error naming the folder or file, the part and the field.
+// sub-folder altogether); transformer_2 given for a model of one transformer is an error. A VAE
+// given as its own weights (ModelParts::vae_file) has its config as read_vae_config reads it.
+// Throws dlo::Error naming the folder or file, the part and the field.
 ModelInfo read_model_info(const ModelParts& parts);
+// The VAE's config as read_model_info reads it: vae/config.json, or for weights given, their
+// shapes' (infer_wan_vae_config, headers only; checked against vae/config.json when there is one).
+// Throws dlo::Error naming the file.
+WanVaeConfig read_vae_config(const ModelParts& parts);
 // One expert's config as read_model_info reads it (`second`: transformer_2): its folder's
 // config.json, or for weights given, their shapes' (checked against the folder's config.json when
 // there is one). Throws dlo::Error naming the file.
@@ -88,7 +98,8 @@ inline ModelInfo read_model_info(const std::string& dir) { return read_model_inf
 // dlo::Error naming a file it cannot read. A transformer given as its own weights
 // (ModelParts::transformer, transformer_2) stands in for its sub-folder: its file, or every file
 // of its folder, by name and content as above (so another file, or the same file's weights
-// changed, give another identity; the folder's own transformer/ no longer counts).
+// changed, give another identity; the folder's own transformer/ no longer counts); so does a VAE
+// given (ModelParts::vae_file) for vae/.
 std::string model_identity(const ModelParts& parts);
 inline std::string model_identity(const std::string& dir) { return model_identity(ModelParts{dir, "", ""}); }
 

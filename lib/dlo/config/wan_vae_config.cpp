@@ -393,3 +393,115 @@ std::vector<TensorSpec> wan_vae_specs(const WanVaeConfig& c, DType dtype, bool i
 }
 
 }  // namespace dlo
+
+namespace dlo {
+namespace {
+
+using ShapeMap = std::map<std::string, std::vector<std::int64_t>>;
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string first_of(const std::vector<std::string>& names) {
+  std::string list;
+  for (std::size_t i = 0; i < names.size() && i < 5; ++i) list += (i ? ", " : "") + names[i];
+  if (names.size() > 5) list += str(" and ", names.size() - 5, " more");
+  return list;
+}
+
+ShapeMap spec_shapes(const WanVaeConfig& c) {
+  ShapeMap out;
+  for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/true)) out[spec.name] = spec.shape;
+  return out;
+}
+
+// The fields tensor shapes show, as (name, value) text pairs in config.json's terms.
+std::vector<std::pair<std::string, std::string>> shown_fields(std::int64_t z_dim, std::int64_t base_dim,
+                                                              std::int64_t in_channels, std::int64_t decoder_width,
+                                                              std::int64_t out_channels, std::int64_t stages,
+                                                              std::int64_t num_res_blocks, bool is_residual) {
+  return {{"z_dim", std::to_string(z_dim)},
+          {"is_residual", is_residual ? "true" : "false"},
+          {"base_dim", std::to_string(base_dim)},
+          {"in_channels", std::to_string(in_channels)},
+          {"decoder width (decoder_base_dim x dim_mult[-1])", std::to_string(decoder_width)},
+          {"out_channels", std::to_string(out_channels)},
+          {"stages (dim_mult entries)", std::to_string(stages)},
+          {"num_res_blocks", std::to_string(num_res_blocks)}};
+}
+
+std::vector<std::pair<std::string, std::string>> shown_fields(const WanVaeConfig& c) {
+  return shown_fields(c.z_dim, c.base_dim, c.in_channels, c.decoder_dims()[0], c.out_channels,
+                      static_cast<std::int64_t>(c.dim_mult.size()), c.num_res_blocks, c.is_residual);
+}
+
+}  // namespace
+
+WanVaeConfig infer_wan_vae_config(const ShapeMap& shapes, const WanVaeConfig* folder, const std::string& label,
+                                  std::string* matched) {
+  return with_context(label, [&] {
+    const auto shape = [&](const std::string& name) -> const std::vector<std::int64_t>& {
+      const auto it = shapes.find(name);
+      DLO_CHECK(it != shapes.end(), "no tensor '", name, "' (diffusers' name), which every Wan VAE has");
+      DLO_CHECK(it->second.size() == 5, "tensor '", name, "' has shape ", shape_text(it->second), ", not 5 dimensions");
+      return it->second;
+    };
+    const auto count = [&](const auto& name_of) {
+      std::int64_t n = 0;
+      while (shapes.count(name_of(n))) ++n;
+      return n;
+    };
+    const auto& conv_in = shape("encoder.conv_in.weight");
+    const std::int64_t resnets = count([](std::int64_t r) { return str("decoder.up_blocks.0.resnets.", r, ".norm1.gamma"); });
+    const auto shown = shown_fields(
+        shape("post_quant_conv.weight")[0], conv_in[0], conv_in[1], shape("decoder.conv_in.weight")[0],
+        shape("decoder.conv_out.weight")[0],
+        count([](std::int64_t i) { return str("decoder.up_blocks.", i, ".resnets.0.norm1.gamma"); }), resnets - 1,
+        shapes.count("encoder.down_blocks.0.resnets.0.norm1.gamma") > 0);
+    WanVaeConfig c;
+    if (folder != nullptr) {
+      const auto theirs = shown_fields(*folder);
+      for (std::size_t k = 0; k < shown.size(); ++k)
+        DLO_CHECK(shown[k].second == theirs[k].second, "its tensors give ", shown[k].first, " ", shown[k].second,
+                  ", the model folder's vae config has ", theirs[k].second, " (the VAE of another model?)");
+      c = *folder;
+    } else {
+      std::string known, found;
+      for (const auto& name : WanVaeConfig::preset_names()) {
+        const WanVaeConfig k = WanVaeConfig::preset(name);
+        known += (known.empty() ? "" : ", ") + name;
+        if (found.empty() && spec_shapes(k) == shapes) {
+          found = name;
+          c = k;
+        }
+      }
+      std::string given;
+      for (const auto& [field, value] : shown) given += (given.empty() ? "" : ", ") + field + " " + value;
+      DLO_CHECK(!found.empty(), "its tensors are no known VAE's (", given, "); known: ", known,
+                ". Beside a model folder's vae config of this shape it is read with that config");
+      if (matched != nullptr) *matched = found;
+    }
+    // Every tensor the config implies, with its shape, and nothing else.
+    std::vector<std::string> missing, misshapen, unexpected;
+    const ShapeMap expected = spec_shapes(c);
+    for (const auto& [name, s] : expected) {
+      const auto it = shapes.find(name);
+      if (it == shapes.end())
+        missing.push_back(name);
+      else if (it->second != s)
+        misshapen.push_back(str(name, " ", shape_text(it->second), " (expected ", shape_text(s), ")"));
+    }
+    for (const auto& [name, s] : shapes)
+      if (!expected.count(name)) unexpected.push_back(name);
+    DLO_CHECK(missing.empty(), "lacks ", missing.size(), " tensor(s) of the VAE (diffusers' names): ", first_of(missing));
+    DLO_CHECK(misshapen.empty(), misshapen.size(), " tensor(s) have another shape than the config's: ", first_of(misshapen));
+    DLO_CHECK(unexpected.empty(), "holds ", unexpected.size(), " tensor(s) the VAE does not have (diffusers' names): ",
+              first_of(unexpected));
+    return c;
+  });
+}
+
+}  // namespace dlo

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,5 +72,19 @@ struct WanVaeConfig {
 // Every tensor of a diffusers AutoencoderKLWan checkpoint (encoder, quant_conv, post_quant_conv,
 // decoder), with the given dtype. With include_encoder=false, only post_quant_conv and decoder.
 std::vector<TensorSpec> wan_vae_specs(const WanVaeConfig& c, DType dtype, bool include_encoder = true);
+
+// The config of the VAE whose tensors are `shapes` (diffusers name -> shape; named `label` in
+// errors). The shapes show z_dim (post_quant_conv), base_dim and in_channels (encoder.conv_in),
+// the decoder's width (decoder.conv_in), out_channels (decoder.conv_out), the stages (decoder up
+// blocks), num_res_blocks (the decoder's first stage's blocks - 1) and is_residual (the Wan2.2
+// VAE's nested encoder blocks). The statistics (latents_mean/std) they cannot show come from
+// `folder` (the model folder's vae config) when there is one, whose every field the shapes show
+// must agree: a difference is an error naming the field. Without one, the tensors must be exactly
+// a known config's (`preset_names`: the Wan2.1 VAE, the Wan2.2 VAE, and the test shapes):
+// `matched` gets its name, and any other is refused naming what the shapes show. Then every
+// tensor the config implies (encoder included) must be there with its shape, and no other (the
+// first few missing, unexpected or misshapen named). Throws dlo::Error.
+WanVaeConfig infer_wan_vae_config(const std::map<std::string, std::vector<std::int64_t>>& shapes,
+                                  const WanVaeConfig* folder, const std::string& label, std::string* matched = nullptr);
 
 }  // namespace dlo

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlo/common/error.h"
+#include "dlo/config/wan_vae_names.h"
 
 namespace dlo {
 
@@ -199,16 +200,23 @@ void check_vae_tensors(const WeightStore& store, const WanVaeConfig& c) {
 
 }  // namespace
 
-void WanVae::check_checkpoint(const std::string& dir) {
-  with_context(str("loading vae '", dir, "'"), [&] {
-    check_vae_tensors(WeightStore::open(dir), WanVaeConfig::from_json(JsonConfig::load(dir + "/config.json")));
-  });
+namespace {
+WanVaeConfig folder_config(const std::string& dir) {
+  return with_context(str("loading vae '", dir, "'"), [&] { return WanVaeConfig::from_json(JsonConfig::load(dir + "/config.json")); });
+}
+}  // namespace
+
+void WanVae::check_checkpoint(const std::string& dir) { check_checkpoint(dir, folder_config(dir)); }
+
+void WanVae::check_checkpoint(const std::string& weights, const WanVaeConfig& config) {
+  with_context(str("loading vae '", weights, "'"), [&] { check_vae_tensors(WeightStore(open_wan_vae(weights)), config); });
 }
 
-WanVae WanVae::load(const std::string& dir, at::ScalarType compute) {
-  return with_context(str("loading vae '", dir, "'"), [&] {
-    auto config = WanVaeConfig::from_json(JsonConfig::load(dir + "/config.json"));
-    WanVae m(config, WeightStore::open(dir), compute);
+WanVae WanVae::load(const std::string& dir, at::ScalarType compute) { return load(dir, folder_config(dir), compute); }
+
+WanVae WanVae::load(const std::string& weights, const WanVaeConfig& config, at::ScalarType compute) {
+  return with_context(str("loading vae '", weights, "'"), [&] {
+    WanVae m(config, WeightStore(open_wan_vae(weights)), compute);
     const auto& c = m.config_;
     check_vae_tensors(m.store_, c);
     std::map<std::string, std::vector<std::int64_t>> shapes;

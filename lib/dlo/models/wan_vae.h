@@ -113,9 +113,13 @@ class WanVae {
   // into the mapping when the checkpoint's dtype is `compute`, else converted copies. Throws
   // dlo::Error naming the folder and the field or tensor.
   static WanVae load(const std::string& dir, at::ScalarType compute);
+  // The same for weights of `config` at `weights`: anything open_wan_vae opens (a vae/ folder, a
+  // single file, an index; diffusers' or the original Wan2.1 / Wan2.2 VAE names, read as diffusers').
+  static WanVae load(const std::string& weights, const WanVaeConfig& config, at::ScalarType compute);
   // The checks load() makes of the folder (its config, every tensor's name and shape), reading
   // the checkpoint's header only: for the start of a batch, before any work. Throws as load().
   static void check_checkpoint(const std::string& dir);
+  static void check_checkpoint(const std::string& weights, const WanVaeConfig& config);
 
   const WanVaeConfig& config() const { return config_; }
   at::ScalarType compute_dtype() const { return compute_; }

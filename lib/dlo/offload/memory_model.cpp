@@ -17,7 +17,11 @@
 namespace dlo {
 namespace {
 
+// The bytes of the .safetensors files of folder `dir`, or of the file `dir` itself (a part given
+// as its own file: --vae FILE).
 std::uint64_t safetensors_bytes_in(const std::string& dir) {
+  struct stat self;
+  if (::stat(dir.c_str(), &self) == 0 && S_ISREG(self.st_mode)) return static_cast<std::uint64_t>(self.st_size);
   DIR* d = ::opendir(dir.c_str());
   DLO_CHECK(d != nullptr, "cannot read the folder '", dir, "'");
   std::uint64_t total = 0;
@@ -330,7 +334,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
   }
   p.working = working;
   p.text_encoder = safetensors_bytes_in(model.parts.text_encoder());
-  p.vae = safetensors_bytes_in(model.parts.vae());
+  p.vae = safetensors_bytes_in(model.parts.vae_weights());
   p.host_per_rank = sat_add(sat_add(p.kept_per_rank, p.aux_on_device ? 0 : p.decode),
                             budget.device_is_host ? sat_add(sat_add(sat_add(p.device_shards, p.slots), working), p.resident)
                                                   : 0);

@@ -42,6 +42,7 @@ std::string plan_to_json(const BatchPlan& p) {
   return json({{"model", p.model.dir},
                {"transformer", p.model.transformer},
                {"transformer_2", p.model.transformer_2},
+               {"vae", p.model.vae_file},
                {"model_identity", p.model_identity},
                {"output_dir", p.output_dir},
                {"results", p.results},
@@ -58,7 +59,7 @@ BatchPlan plan_from_json(const std::string& text) {
   try {
     const json j = json::parse(text);
     BatchPlan p;
-    p.model = {j.at("model"), j.at("transformer"), j.at("transformer_2")};
+    p.model = {j.at("model"), j.at("transformer"), j.at("transformer_2"), j.at("vae")};
     p.model_identity = j.at("model_identity");
     p.output_dir = j.at("output_dir");
     p.results = j.at("results");
@@ -238,7 +239,7 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   if (m.model.empty()) throw_manifest_problems(std::move(problems));  // no model: reported among them
   // A transformer given as its own weights: read as given (its errors name it so), planned canonical.
   const ModelParts parts{m.model, o.transformer.empty() ? m.transformer : o.transformer,
-                         o.transformer_2.empty() ? m.transformer_2 : o.transformer_2};
+                         o.transformer_2.empty() ? m.transformer_2 : o.transformer_2, o.vae.empty() ? m.vae : o.vae};
   ModelInfo model;
   try {
     model = read_model_info(parts);
@@ -280,7 +281,8 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   BatchPlan p;
   p.storage_dtype = m.storage_dtype;
   p.model = {canonical_path(m.model), parts.transformer.empty() ? "" : canonical_path(parts.transformer),
-             parts.transformer_2.empty() ? "" : canonical_path(parts.transformer_2)};
+             parts.transformer_2.empty() ? "" : canonical_path(parts.transformer_2),
+             parts.vae_file.empty() ? "" : canonical_path(parts.vae_file)};
   p.sp = m.sp;
   p.cfg_parallel = m.cfg_parallel;
   p.output_dir = canonical_path(m.output_dir);

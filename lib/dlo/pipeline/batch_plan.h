@@ -123,6 +123,7 @@ struct BatchPlanOptions {
   JobFlags flags;                            // job fields given on the command line
   std::optional<std::string> model, output_dir;  // --model, --output-dir
   std::string transformer, transformer_2;         // --transformer, --transformer-2 ("": the manifest's, else the folder's)
+  std::string vae;                                // --vae (likewise)
   OutputFormatNames formats;                 // the app's
   bool force = false;                        // render jobs done or changed again
   bool dry_run = false;                      // create nothing

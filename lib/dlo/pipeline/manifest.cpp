@@ -36,7 +36,7 @@ const std::vector<std::string>& job_keys() {
   return keys;
 }
 const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs", "sp", "cfg_parallel", "transformer",
-                                           "transformer_2", "storage_dtype"};
+                                           "transformer_2", "vae", "storage_dtype"};
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
@@ -578,15 +578,17 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
       raw.push_back(std::move(job));
     }
   }
-  std::string transformer, transformer_2;  // (the flags win over them: plan_batch)
+  std::string transformer, transformer_2, vae;  // (the flags win over them: plan_batch)
   top_path_key(folder_of(path), &top, "transformer", transformer, problems);
   top_path_key(folder_of(path), &top, "transformer_2", transformer_2, problems);
+  top_path_key(folder_of(path), &top, "vae", vae, problems);
   Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, formats, problems);
   m.sp = top_sp;
   m.cfg_parallel = top_cfg;
   m.storage_dtype = top_storage;
   m.transformer = transformer;
   m.transformer_2 = transformer_2;
+  m.vae = vae;
   m.problems = std::move(problems.list);
   return m;
 }

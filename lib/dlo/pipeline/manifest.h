@@ -58,9 +58,9 @@ struct Manifest {
   // The top-level `sp` and `cfg_parallel` (the batch's topology, pipeline/topology.h), checked;
   // "": not given.
   std::string sp, cfg_parallel;
-  // The top-level `transformer` and `transformer_2` (weights given instead of the folder's),
-  // resolved against the manifest's folder; "": not given. --transformer / --transformer-2 win.
-  std::string transformer, transformer_2;
+  // The top-level `transformer`, `transformer_2` and `vae` (weights given instead of the folder's),
+  // resolved against the manifest's folder; "": not given. --transformer / --transformer-2 / --vae win.
+  std::string transformer, transformer_2, vae;
   // The top-level `storage_dtype` (the transformer's Linears, as --storage-dtype; checked by the
   // plan against the compute dtype); "": not given. --storage-dtype wins.
   std::string storage_dtype;

@@ -23,7 +23,7 @@ namespace {
 // The text encoder's and the VAE's checkpoint headers, the tokenizer against the encoder's vocabulary.
 void check_other_parts(const ModelInfo& model) {
   Umt5Encoder::check_checkpoint(model.parts.text_encoder());
-  WanVae::check_checkpoint(model.parts.vae());
+  WanVae::check_checkpoint(model.parts.vae_weights(), model.vae);
   T5Tokenizer::load(model.parts.tokenizer()).check_fits_encoder(model.text_encoder.vocab_size);
 }
 
@@ -92,7 +92,7 @@ class ModelWork final : public BatchWork {
   void finish(JobRun& run, const SinkFactory& open_sink, const LatentsKeeper& keep_latents) override {
     if (!vae_) {
       try {
-        vae_.emplace(WanVae::load(model_.parts.vae(), o_.vae_dtype));
+        vae_.emplace(WanVae::load(model_.parts.vae_weights(), model_.vae, o_.vae_dtype));
         if (!aux_device_.is_cpu()) vae_->to_device(aux_device_);
       } catch (const std::exception& e) {
         vae_.reset();
