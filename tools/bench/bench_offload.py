@@ -6,11 +6,15 @@
   memory    peak memory (memory-cgroup peak, page cache included) of dlo vs the naive mode in
             which every rank reads the whole model into private memory (layerwise), at 4 ranks
   scale     a checkpoint larger than half of this machine's RAM, with dlo on 4 ranks
+  storage   host bytes per rank, gathered bytes per pass and s/pass with the blocks' Linears stored
+            in each --storage-dtype (bf16 compute), dlo at 2 ranks and resident at 1, as ratios to
+            the first storage dtype, --repeats times (medians)
 
 The engine's own cost per block transition is measured by build/bin/dlo-bench-engine.
 Ratios are measured in one run of this script; the machine is shared and noisy.
   .venv/bin/python tools/bench/bench_offload.py --bin build/bin overlap guidance
   .venv/bin/python tools/bench/bench_offload.py --bin build/bin memory scale --work /var/tmp
+  .venv/bin/python tools/bench/bench_offload.py --bin build/bin storage --layers 4 --storage-dtype bf16,fp8
 """
 import json
 import os
@@ -123,6 +127,39 @@ def bench_guidance(a, tmp):
           f"(ratios {out[True][0] / out[False][0]:.3f}, {out[True][1] / out[False][1]:.3f})")
 
 
+def bench_storage(a, tmp):
+    """What fp8 storage saves in bytes and costs in time on the CPU (its cost there is the upcast at
+    every block Linear's matmul). The model is bf16 on disk; compute is bf16."""
+    model = os.path.join(tmp, "st")
+    make(a.bin, model, "--preset", "wan2.1-t2v-1.3b", "--layers", str(a.layers), "--dtype", "bf16")
+    inp = os.path.join(tmp, "st_in.safetensors")
+    inputs(inp, a.frames, a.size, a.text_len, guidance=False)
+    kinds = a.storage_dtype.split(",")
+    runs = [(1, "resident"), (2, "dlo")]
+    print(f"storage: 1.3B shape cut to {a.layers} blocks, bf16 on disk and in compute, latent 16x{a.frames}x{a.size}x{a.size}, "
+          f"text {a.text_len}, 1 compute thread per rank, {a.passes} passes (first excluded), {a.repeats} repeats")
+    seen = {}  # (ranks, offload, storage) -> [(host bytes per rank, gathered bytes per pass, s/pass)]
+    for rep in range(a.repeats):
+        for np_, offload in runs:
+            for k in kinds:
+                r, _ = forward(a.bin, np_, model, inp, offload, tmp, "--passes", str(a.passes), "--storage-dtype", k,
+                               dtype="bf16")
+                x = r["ranks"][0]
+                seen.setdefault((np_, offload, k), []).append(
+                    (x["host_bytes"], x["bytes_gathered"] / a.passes, steady(r)[0]))
+    for np_, offload in runs:
+        base = seen[(np_, offload, kinds[0])]
+        for k in kinds:
+            got = seen[(np_, offload, k)]
+            med = [statistics.median(v[i] for v in got) for i in range(3)]
+            ratio = [f"x{statistics.median(v[i] / b[i] for v, b in zip(got, base)):.3f}" if base[0][i] else "-"
+                     for i in range(3)]
+            extra = statistics.median(v[2] - b[2] for v, b in zip(got, base))
+            print(f"  {np_} rank(s) {offload:8s} {k:4s}: host {med[0] / 2**20:8.1f} MiB/rank ({ratio[0]}), "
+                  f"gathered {med[1] / 2**20:8.1f} MiB/pass ({ratio[1]}), {med[2]:.3f} s/pass ({ratio[2]}, "
+                  f"{extra:+.3f} s; each repeat {', '.join(f'{v[2]:.3f}' for v in got)})")
+
+
 def peak_rest(peak, x0, ranks):
     """The cgroup peak less each rank's constant part: two slots (host memory on the CPU) and the process."""
     slots, runtime = 2 * x0["slot_bytes"], x0["rss_kb_before_engine"] * 1024
@@ -188,7 +225,7 @@ def bench_scale(a, tmp):
 
 def main():
     ap = benchlib.parser(__doc__, json_out=False)
-    ap.add_argument("what", nargs="+", choices=["overlap", "guidance", "memory", "scale", "pack"])
+    ap.add_argument("what", nargs="+", choices=["overlap", "guidance", "memory", "scale", "pack", "storage"])
     ap.add_argument("--work", default=None)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--frames", type=int, default=3)
@@ -198,6 +235,8 @@ def main():
     ap.add_argument("--mem-layers", type=int, default=6, help="14B-shape blocks for the dlo memory run (6: 4.4 GiB)")
     ap.add_argument("--pack-layers", type=int, default=4, help="14B-shape blocks stored in fp32 for the pack run (4: 5.2 GiB)")
     ap.add_argument("--scale-layers", type=int, default=18, help="14B-shape blocks for the scale run (18: 12.2 GiB, just over half of 23.5 GiB)")
+    ap.add_argument("--storage-dtype", default="bf16,fp8", help="storage: comma-separated --storage-dtype values, the first the baseline")
+    ap.add_argument("--repeats", type=int, default=3, help="storage: runs of each case (medians reported)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:
         for w in a.what:
