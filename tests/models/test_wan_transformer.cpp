@@ -11,6 +11,7 @@
 #include "dlo/common/error.h"
 #include "dlo/io/json_config.h"
 #include "dlo/testing/make_model.h"
+#include "dlo/models/tensor_view.h"
 #include "dlo/models/wan_transformer.h"
 #include "models/golden.h"
 
@@ -154,6 +155,52 @@ TEST_CASE("storage: fp8 rounds through the compute dtype as diffusers does, an f
   CHECK_THROWS_WITH_AS(parse_linear_storage("int8", at::kBFloat16, "storage_dtype"),
                        doctest::Contains("storage_dtype: 'int8' is not auto, fp8, bf16, fp16 or fp32"), Error);
   CHECK(parse_linear_storage("fp16", at::kBFloat16, "x") == LinearStorage::kFP16);  // as wide: rounds, allowed
+}
+
+// ComfyUI's scaled fp8 numerics written out here (no diffusers reference exists): each quantised
+// Linear is q = fp8(w / s), s = amax / 448 (float32), computed with w' = q.to(d) * s.to(d) in the
+// dtype d it computes in. A file of q and s (and the marker) equals a file of w' in every output bit.
+TEST_CASE("a scaled fp8 file computes with weight x scale in the compute dtype (blocks streamed, the rest dequantised at load)") {
+  TempDir dir;
+  const auto c = small_config();
+  write_random_wan_transformer(dir.file("src"), c, DType::BF16, 11, 0);
+  const auto src = load_tensors(WeightStore::open(dir.file("src")).checkpoint());
+  std::vector<std::pair<std::string, at::Tensor>> scaled, dequantised;
+  for (const auto& [name, t] : src) {
+    const bool block_weight = wan_layerwise_cast(name) && name.find(".weight") != std::string::npos;
+    if (!block_weight && name != "condition_embedder.text_embedder.linear_1.weight") {
+      scaled.emplace_back(name, t);
+      dequantised.emplace_back(name, t);
+      continue;
+    }
+    const at::Tensor s = (t.to(at::kFloat).abs().max() / 448.0).reshape({});
+    const at::Tensor q = (t.to(at::kFloat) / s).to(at::kFloat8_e4m3fn);
+    scaled.emplace_back(name, q);
+    scaled.emplace_back(name.substr(0, name.size() - 7) + ".scale_weight", s);
+    dequantised.emplace_back(name, q.to(at::kBFloat16) * s.to(at::kBFloat16));
+  }
+  scaled.emplace_back("scaled_fp8", at::empty({0}, at::kFloat8_e4m3fn));
+  save_tensors(dir.file("scaled.safetensors"), scaled);
+  save_tensors(dir.file("dequantised.safetensors"), dequantised);
+  const auto a = WanTransformer::load(dir.file("scaled.safetensors"), c, at::kBFloat16);
+  const auto b = WanTransformer::load(dir.file("dequantised.safetensors"), c, at::kBFloat16);
+  CHECK(a.dtypes().scaled);
+  CHECK(a.dtypes().describe() == "bf16 (Linears scaled fp8 e4m3fn, biases bf16)");
+  CHECK((a.block(0).ffn2_w.scalar_type() == at::kFloat8_e4m3fn));  // kept as written
+  CHECK(a.block(0).ffn2_s.defined());
+  const auto x = at::randn({1, 4, 2, 4, 6}), t = at::tensor({500}, at::kLong), ctx = at::randn({1, 5, 16});
+  CHECK(at::equal(a.forward(x, t, ctx), b.forward(x, t, ctx)));
+  CHECK_FALSE(at::equal(a.forward(x, t, ctx), WanTransformer::load(dir.file("src"), at::kBFloat16).forward(x, t, ctx)));
+
+  // A scale missing, and a storage that would re-round the file, are refused by name.
+  std::vector<std::pair<std::string, at::Tensor>> missing;
+  for (const auto& [n, v] : scaled)
+    if (n != "blocks.1.attn2.to_v.scale_weight") missing.emplace_back(n, v);
+  save_tensors(dir.file("missing.safetensors"), missing);
+  CHECK_THROWS_WITH_AS(WanTransformer::load(dir.file("missing.safetensors"), c, at::kBFloat16),
+                       doctest::Contains("have no scale_weight (diffusers' names), e.g. 'blocks.1.attn2.to_v.weight'"), Error);
+  CHECK_THROWS_WITH_AS(WanTransformer::load(dir.file("scaled.safetensors"), c, at::kBFloat16, true, LinearStorage::kBF16),
+                       doctest::Contains("is a scaled fp8 file (its Linears fp8 with a scale each), streamed as written"), Error);
 }
 
 TEST_CASE("a checkpoint that disagrees with its config is refused, naming the tensor") {
