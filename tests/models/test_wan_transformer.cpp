@@ -160,7 +160,7 @@ TEST_CASE("storage: fp8 rounds through the compute dtype as diffusers does, an f
 // ComfyUI's scaled fp8 numerics written out here (no diffusers reference exists): each quantised
 // Linear is q = fp8(w / s), s = amax / 448 (float32), computed with w' = q.to(d) * s.to(d) in the
 // dtype d it computes in. A file of q and s (and the marker) equals a file of w' in every output bit.
-TEST_CASE("a scaled fp8 file computes with weight x scale in the compute dtype (blocks streamed, the rest dequantised at load)") {
+TEST_CASE("a scaled fp8 file computes with weight x scale in the compute dtype (the blocks' Linears kept fp8 with their scales, the rest dequantised at load)") {
   TempDir dir;
   const auto c = small_config();
   write_random_wan_transformer(dir.file("src"), c, DType::BF16, 11, 0);
