@@ -54,8 +54,9 @@ echo "ok: --dry-run prints the plan and the memory estimate, renders nothing (au
 # 2. 1, 2 and 3 ranks: the same frames for every job; and equal to the job rendered alone.
 for np in 1 2 3; do
   rm -rf "$T/out"
+  # shellcheck disable=SC2046  # at 2 ranks the latents too, for 7.
   mpirun -np $np "${GEN[@]}" --jobs "$T/jobs.yaml" --offload $([ $np = 1 ] && echo resident || echo dlo) \
-    --report "$T/r$np.json"
+    --report "$T/r$np.json" $([ $np = 2 ] && echo --save-latents "$T/lat.h5")
   [ "$(grep -c '"status":"ok"' "$T/out/results.jsonl")" = 4 ] || fail "np $np: $(cat "$T/out/results.jsonl")"
   for id in fox owl sea car; do
     s=$(sha_of "$T/out/results.jsonl" $id)
@@ -117,8 +118,10 @@ mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml"  # the rerun renders the failed j
   || fail "rerun after a failure: $(cat "$T/out/results.jsonl")"
 echo "ok: a failed job is recorded, the batch goes on (exit 3); a rerun renders only it"
 
-# A longer batch for the interruptions: 16 jobs of 60 steps.
-LONG=$(seq 0 15)
+# A longer batch for the interruptions: 8 jobs of 60 steps (a job takes seconds, so a signal sent
+# once 2 are done lands mid-job with 6 to go; it is rendered whole three times, so 16 jobs had made
+# it most of this test's time).
+LONG=$(seq 0 7)
 { echo "model: m"; echo "output_dir: long"; echo "defaults: {frames: 5, height: 32, width: 48, steps: 60}"; echo "jobs:"
   for i in $LONG; do echo "  - {id: j$i, prompt: \"prompt number $i\", seed: $i}"; done; } >"$T/long.yaml"
 mpirun -np 2 "${GEN[@]}" --jobs "$T/long.yaml" --output-dir "$T/ref"
@@ -146,7 +149,7 @@ set -e
 [ "$rc" = 143 ] || fail "SIGTERM: exit $rc, want 143: $(cat "$T/term.log")"
 grep -q "stopped by signal 15" "$T/term.log" || fail "SIGTERM: no message: $(cat "$T/term.log")"
 n=$(grep -c '"status":"ok"' "$T/term/results.jsonl")
-[ "$n" -lt 16 ] || fail "SIGTERM came too late to test anything"
+[ "$n" -lt 8 ] || fail "SIGTERM came too late to test anything"
 for f in "$T"/term/*.mp4; do grep -q "\"output\":\"$f\"" "$T/term/results.jsonl" || fail "unrecorded $f"; done
 mpirun -np 2 "${GEN[@]}" --jobs "$T/long.yaml" --output-dir "$T/term"
 same_as_ref "$T/term"
@@ -161,9 +164,7 @@ mpirun -np 2 "${GEN[@]}" --jobs "$T/long.yaml" --output-dir "$T/kill"
 same_as_ref "$T/kill"
 echo "ok: SIGKILL of a rank ended the batch in ${KILLED_S} s; the rerun completes the same videos"
 
-# 7. Latents in HDF5 (all ranks write one file) equal the latents of each job alone.
-rm -rf "$T/out"
-mpirun -np 2 "${GEN[@]}" --jobs "$T/jobs.yaml" --save-latents "$T/lat.h5"
+# 7. Latents in HDF5 (all ranks write one file: the 2-rank render of 2.) equal the latents of each job alone.
 "$BIN/dlo-generate" --threads 1 --quiet --model "$T/m" --prompt "a car on a road" --seed 5 --steps 2 --height 32 \
   --width 48 --frames 5 --out "$T/car.mp4" --save-latents "$T/car.safetensors"
 /usr/bin/python3 - "$T/lat.h5" "$T/car.safetensors" <<'PY'

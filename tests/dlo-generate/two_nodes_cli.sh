@@ -10,10 +10,11 @@
 #     weight gather (test_per_host) puts every shard in place on every rank, in two levels (across
 #     the nodes, then within) when the ranks sit node by node, flat when they alternate;
 #  2. the same command started from node1 (mpirun there) resumes: every job skipped;
-#  3. --save-latents FILE.h5: the ranks of both nodes write one HDF5 file (parallel HDF5 over
-#     MPI-IO), every job complete, read back with h5py; with node1's link shaped to 8 Mbit/s (tbf:
-#     this kernel has no netem) and with every packet node1 sends held 200 ms (a tun delay line)
-#     the batch completes with the same frames;
+#  3. with node1's link shaped to 8 Mbit/s (tbf: this kernel has no netem) the batch completes with
+#     the same frames, and its --save-latents FILE.h5 is one HDF5 file the ranks of both nodes wrote
+#     (parallel HDF5 over MPI-IO), every job complete, read back with h5py (one render for both);
+#     with every packet node1 sends held 200 ms (a tun delay line) the batch completes with the
+#     same frames;
 #  4. every rank of node1 killed mid-batch (its ranks; Open MPI's daemon there reports their
 #     death): every rank ends within 30 s, mpirun naming node1,
 #     nothing recorded as done that is not whole; the rerun on both nodes takes the dead run's lock
@@ -96,8 +97,14 @@ nodes_mpirun 2 --head 1 "$BIN/dlo-generate" --threads 1 --jobs "$T/jobs.yaml" --
 grep -q "5 already done" "$T/log" && [ "$(wc -l <"$T/two/results.jsonl")" = 5 ] || fail "resume from node1: $(tail -3 "$T/log")"
 echo "ok: started from node1, the same command finds every job done"
 
-# 3. HDF5 latents from both nodes' ranks into one file.
-nodes_mpirun 2 "${GEN[@]}" --output-dir "$T/h5" --save-latents "$T/lat.h5" 2>"$T/log" || fail "latents: $(cat "$T/log")"
+# 3. A slow link (node1's traffic shaped to 8 Mbit/s, packets queued up to 400 ms; this kernel has
+# no netem for a fixed delay): slower, and the same frames; the latents of both nodes' ranks in one
+# HDF5 file.
+node_slow 1 8mbit
+nodes_mpirun 2 "${GEN[@]}" --output-dir "$T/slow" --save-latents "$T/lat.h5" 2>"$T/log" || fail "a slow link, latents: $(cat "$T/log")"
+node_slow 1 off
+same_as_ref "$T/slow"
+echo "ok: node1's link shaped to 8 Mbit/s: the batch completes with one node's frames"
 /usr/bin/python3 - "$T/lat.h5" <<'PY' || fail "the latents file"
 import sys
 import h5py
@@ -108,13 +115,6 @@ with h5py.File(sys.argv[1], "r") as f:
 print("ok: the latents of both nodes' jobs in one HDF5 file, every job complete")
 PY
 
-# 3b. A slow link (node1's traffic shaped to 8 Mbit/s, packets queued up to 400 ms; this kernel has
-# no netem for a fixed delay): slower, and the same frames.
-node_slow 1 8mbit
-nodes_mpirun 2 "${GEN[@]}" --output-dir "$T/slow" 2>"$T/log" || fail "a slow link: $(cat "$T/log")"
-node_slow 1 off
-same_as_ref "$T/slow"
-echo "ok: node1's link shaped to 8 Mbit/s: the batch completes with one node's frames"
 # 3c. A 200 ms delay on node1's link (every packet it sends held 200 ms: tests/common/delay_line.py,
 # as netem would): every collective that crosses it waits, and the batch completes, the same frames.
 node_delay 1 200

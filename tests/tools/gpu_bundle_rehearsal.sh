@@ -2,6 +2,10 @@
 # The bare-GPU-machine check, rehearsed: tools/gpu-bundle.sh packs BIN_DIR's binaries, then
 # tools/gpu-run.sh runs every step in CPU mode inside tools/sim-foreign.sh (no venv path, no
 # Debian Open MPI or our libraries), small. Any FAIL, or a binary that links libav/HDF5, fails.
+# One thread per process (gpu-run.sh's default is 4, for a GPU machine's host): two ranks of 2
+# threads each on this 2-core machine, beside another test, spin in OpenMP's barriers; the soak
+# step alone took 126 s instead of 5 and the run hit gpu-run.sh's 330 s budget, skipping the
+# benchmark steps.
 # Skipped (77) when not root (unshare -m).
 #   gpu_bundle_rehearsal.sh BIN_DIR
 set -euo pipefail
@@ -14,7 +18,7 @@ for b in "$T"/bundle/bin/*; do
   if readelf -d "$b" | grep -E "NEEDED.*(libav|libswscale|libhdf5)"; then echo "FAIL: $b links libav/HDF5"; exit 1; fi
 done
 rc=0
-DLO_DEVICE=cpu LAYERS=2 BENCH_SHAPE=1,4,4,8 PASSES=2 FLAT_LAYERS="2 3" BUNDLE=$T/bundle OUT=$T/out \
+OMP_NUM_THREADS=1 DLO_DEVICE=cpu LAYERS=2 BENCH_SHAPE=1,4,4,8 PASSES=2 FLAT_LAYERS="2 3" BUNDLE=$T/bundle OUT=$T/out \
   bash tools/sim-foreign.sh bash tools/gpu-run.sh || rc=$?
 [ -f "$T/out/summary.txt" ] && [ -f "$T/out/logs.tar.gz" ] || { echo "FAIL: summary.txt or logs.tar.gz missing"; exit 1; }
 [ "$(ls "$T/out" | wc -l)" = 2 ] || { echo "FAIL: more than 2 files in OUT: $(ls "$T/out")"; exit 1; }
