@@ -26,6 +26,7 @@ written by WanPipeline.save_pretrained in 30 KB shards (--save-dtype: the transf
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,6 +167,9 @@ def main():
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--storage-dtype", choices=STORAGE,
                     help="the blocks' Linears kept in this dtype: diffusers' enable_layerwise_casting, dlo's --storage-dtype")
+    ap.add_argument("--fp8-file", action="store_true",
+                    help="render the model with its transformer(s) rewritten in fp8 by dlo-checkpoint convert (with "
+                         "--storage-dtype fp8: diffusers' layerwise casting of that folder against dlo streaming it as written)")
     ap.add_argument("--offload", default="auto", help="dlo-generate --offload")
     ap.add_argument("--bf16-max-diff", type=int, default=255, help="largest allowed byte difference in bf16 cases")
     ap.add_argument("--json", help="write the per-case results here")
@@ -193,6 +197,19 @@ def main():
                   f"{tokenizer}, transformer/ {len(shards)} shards")
             assert "spiece.model" not in tokenizer and "tokenizer.json" in tokenizer, tokenizer
             model = saved
+        if args.fp8_file:
+            # The transformer(s) as dlo-checkpoint convert writes them (the Linears fp8, rounded
+            # through bf16): diffusers reads the folder as usual, its fp8 tensors upcast exactly.
+            conv = os.path.join(tmp, "fp8-file")
+            shutil.copytree(model, conv)
+            for part in ("transformer", "transformer_2"):
+                if os.path.isdir(os.path.join(model, part)):
+                    shutil.rmtree(os.path.join(conv, part))
+                    subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "convert", os.path.join(model, part),
+                                    os.path.join(conv, part), "--storage-dtype", "fp8", "--dtype", "bf16",
+                                    "--shard-size", "40KB"], check=True, stdout=subprocess.DEVNULL)
+            print(f"transformer(s) converted to fp8 files by dlo-checkpoint convert: {sorted(os.listdir(os.path.join(conv, 'transformer')))[:3]} ...")
+            model = conv
         for case in args.cases.split(","):
             dtype, scheduler, cfg = case.split("-")
             guidance = args.guidance if cfg == "cfg" else 1.0
@@ -202,7 +219,7 @@ def main():
                 print(f"{case}: FAIL shapes differ: dlo {ours.shape} vs diffusers {ref.shape}")
                 failed = True
                 continue
-            if args.storage_dtype:
+            if args.storage_dtype and not args.fp8_file:
                 # Equality means something only if the storage dtype changes the frames.
                 plain, _ = diffusers_frames(model, dtype, scheduler, args.flow_shift, guidance, args, storage=False)
                 changed = float((plain != ref).mean())
