@@ -4,6 +4,7 @@
 # `timeout`, reports PASS/FAIL/SKIP and the script goes on; steps starting after 330 s are skipped
 # and none runs past 350 s.
 # Results: $OUT/summary.txt and $OUT/logs.tar.gz (at most 2 files).
+# MODE=fp8 runs the fp8 measurements instead of the checks (issue 47; see the fp8 section below).
 # Knobs: ONLY (step names: run just those), DLO_DEVICE=cpu (everything on the CPU: the local
 #   rehearsal), LAYERS (benchmark, 12),
 #   BENCH_SHAPE (F,H,W,L; 21,60,104,512), PASSES (4), STRATEGIES (1-rank strategies compared with
@@ -15,7 +16,7 @@ OUT=${OUT:-out/gpu-run}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpu-run.XXXXXX); L=$W/logs; mkdir -p "$L"
 SUM=$OUT/summary.txt; : >"$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
-DEV=${DLO_DEVICE:-cuda}; LAYERS=${LAYERS:-12}; BENCH_SHAPE=${BENCH_SHAPE:-21,60,104,512}; PASSES=${PASSES:-4}
+MODE=${MODE:-check}; DEV=${DLO_DEVICE:-cuda}; LAYERS=${LAYERS:-12}; BENCH_SHAPE=${BENCH_SHAPE:-21,60,104,512}; PASSES=${PASSES:-4}
 STRATEGIES=${STRATEGIES:-"resident device-shards mixed dlo layerwise"}
 PY=${PY:-python3}
 B=${BUNDLE:-.gpu/bundle}
@@ -313,11 +314,109 @@ PY
 # Engine cost per block transition without compute (dlo-bench-engine; it has no --device yet, so
 # this is not yet the plain pinned-copy GB/s baseline the issue asks for).
 pinned() { "$B/bin/dlo-bench-engine" --model "$W/small" --dtype bf16 --passes 20 --repeats 3 2>&1 | tail -8; }
+# The plain copy rate (pinned and pageable host-to-device, device-to-host) with the machine's torch.
+h2d() { gpu_only "$PY" tools/bench/bench_h2d.py --json "$W/h2d.json"; }
 
-export -f fault_sp whole_job compare_st spcfg_forward spcfg_generate soak probe known mpirun_ mpirun_nccl2 gpu_only facts model_small fwd same strategy dlo2 fault gen experts ti2v bench pinned
-export W B DEV DEVARG PY BENCH_SHAPE PASSES LAYERS
-say "gpu-run: device $DEV, bundle $B, torch site-packages ${SP:-NOT FOUND}, $(date -u)"
+# ---- MODE=fp8: the blocks' Linears stored in fp8 against bf16, and diffusers on the same GPU ----
+# FP8_MODELS "PRESET:LAYERS ..." (random bf16 transformers: one block of the 1.3B is ~96 MiB, of the
+# 14B ~720 MiB), FP8_SHAPES "NAME=F,H,W,L[,cfg] ..." (latent frames, height, width, text tokens;
+# cfg: both branches per pass). Defaults: 240x416 17 frames unguided (little compute per block:
+# streaming exposed) and 480x832 81 frames guided. Per model and shape: dlo-forward resident and dlo
+# (1 rank: each block streamed from pinned host memory) at bf16 and fp8 storage, their outputs equal
+# across the two strategies byte for byte, then diffusers' WanTransformer3DModel on the same folder
+# (tools/bench/bench_diffusers_transformer.py: resident, block-level group offload on a stream, fp8
+# layerwise casting, both). diffusers comes from the machine or from .gpu/wheels (tools/gpu-wheels.sh).
+FP8_MODELS=${FP8_MODELS:-"wan2.1-t2v-14b:3 wan2.1-t2v-1.3b:8"}
+FP8_SHAPES=${FP8_SHAPES:-"240x416x17=5,30,52,512 480x832x81cfg=21,60,104,512,cfg"}
+fp8_make() { "$B/bin/dlo-checkpoint" make "$W/f8_$1" --preset "$1" --layers "$2" --dtype bf16 --components transformer >/dev/null; }
+fp8_dlo() {  # fp8_dlo PRESET SHAPE_NAME F,H,W,L[,cfg]
+  local m=$1 tag=$2 shape=${3%,cfg} cfg=(); [ "$3" != "$shape" ] && cfg=(--guidance)
+  for st in bf16 fp8; do
+    for s in resident dlo; do
+      "$B/bin/dlo-forward" --model "$W/f8_$m" --component transformer --random-inputs "$shape" "${cfg[@]}" --dtype bf16 \
+        --storage-dtype "$st" --device "$DEVARG" --offload "$s" --passes "$PASSES" --out "$W/f8out_$s.safetensors" \
+        --report "$W/f8rep_${m}_${tag}_${s}_$st.json" | tail -n 1 || return 1
+    done
+    cmp "$W/f8out_resident.safetensors" "$W/f8out_dlo.safetensors" || { echo "dlo differs from resident at $st storage"; return 1; }
+    echo "$st storage: dlo output equals resident's byte for byte"
+  done
+}
+fp8_diffusers() {  # fp8_diffusers PRESET SHAPE_NAME F,H,W,L[,cfg]
+  local m=$1 tag=$2 shape=${3%,cfg} cfg=() pp=(); [ "$3" != "$shape" ] && cfg=(--guidance)
+  [ -d "$W/py" ] && pp=(--pythonpath "$W/py")
+  "$PY" tools/bench/bench_diffusers_transformer.py --model "$W/f8_$m" --shape "$shape" "${cfg[@]}" --passes "$PASSES" \
+    --device "$DEVARG" --threads "${OMP_NUM_THREADS:-0}" "${pp[@]}" --json "$W/f8dif_${m}_$tag.json"
+}
+fp8_wheels() {
+  mkdir -p "$W/py"
+  for w in .gpu/wheels/*.whl; do "$PY" -m zipfile -e "$w" "$W/py" || return 1; done
+  ls "$W/py"
+}
+fp8_table() {
+  "$PY" - "$W" "$FP8_SHAPES" <<'PY'
+import glob, json, os, statistics, sys
+w = sys.argv[1]
+def load(p):
+    try:
+        return json.load(open(p))
+    except Exception:
+        return None
+h2d = load(f"{w}/h2d.json") or []
+for r in h2d:
+    print(f"copy baseline: {r['case']} {r['bytes'] / 2**20:.0f} MiB: {r['gb_per_s']:.2f} GB/s")
+pinned = max((r["gb_per_s"] for r in h2d if r["case"] == "h2d pinned"), default=None)
+print("\n| model | shape | run | s/pass | / dlo resident bf16 | exposed transfer | streamed per pass | "
+      "that at the pinned rate | device peak |\n|---|---|---|---|---|---|---|---|---|")
+gib = lambda b: f"{b / 2**30:.2f} GiB" if b and b > 0 else "-"
+order = [sh.split("=")[0] for sh in sys.argv[2].split()]
+groups = {os.path.basename(p)[6:].rsplit("_", 2)[0] for p in glob.glob(f"{w}/f8rep_*.json")}
+for g in sorted(groups, key=lambda g: (order.index(g.split("_", 1)[1]) if g.split("_", 1)[1] in order else 99, g)):
+    model, shape = g.split("_", 1)
+    rows = []
+    for s in ("resident", "dlo"):
+        for st in ("bf16", "fp8"):
+            doc = load(f"{w}/f8rep_{g}_{s}_{st}.json")
+            if not doc:
+                continue
+            r = doc["ranks"][0]; pp = r.get("per_pass", []); steady = pp[1:] or pp
+            per = r.get("h2d_bytes", 0) / max(1, len(pp)) if s == "dlo" else 0
+            rows.append((f"dlo --offload {s}, {st} storage", statistics.median(p["wall_s"] for p in steady),
+                         f"{statistics.median(p.get('exposed_transfer_s', 0) for p in steady) * 1e3:.1f} ms",
+                         f"{per / 2**20:.1f} MiB" if per else "-",
+                         f"{per / pinned / 1e6:.1f} ms" if per and pinned else "-", gib(r.get("allocator_allocated_peak_bytes"))))
+    for d in load(f"{w}/f8dif_{g}.json") or []:
+        rows.append((f"diffusers {d['diffusers']} {d['variant']}", d.get("s_per_pass"), d.get("error") or d.get("skipped") or "",
+                     "", "", gib(d.get("device_peak_bytes"))))
+    base = rows[0][1] if rows and rows[0][0] == "dlo --offload resident, bf16 storage" else None
+    for name, sp, exp, per, copy, peak in rows:
+        rel = f"{sp / base:.3f}" if sp and base else "-"
+        print(f"| {model} | {shape} | {name} | {f'{sp:.4f}' if sp else '-'} | {rel} | {exp} | {per} | {copy} | {peak} |")
+PY
+}
+
+export -f h2d fp8_make fp8_dlo fp8_diffusers fp8_wheels fault_sp whole_job compare_st spcfg_forward spcfg_generate soak probe known mpirun_ mpirun_nccl2 gpu_only facts model_small fwd same strategy dlo2 fault gen experts ti2v bench pinned
+export W B DEV DEVARG PY BENCH_SHAPE PASSES LAYERS OMP_NUM_THREADS
+say "gpu-run: mode $MODE, device $DEV, bundle $B, torch site-packages ${SP:-NOT FOUND}, $(date -u)"
 step facts 60 facts
+if [ "$MODE" = fp8 ]; then
+  [ -d .gpu/wheels ] && step wheels 60 fp8_wheels
+  step h2d_copy 60 h2d
+  # The streaming-exposed shape first (what fp8 storage is for), the big model first.
+  for sh in $FP8_SHAPES; do
+    for mm in $FP8_MODELS; do
+      m=${mm%%:*}
+      [ -d "$W/f8_$m" ] || step "make_$m" 90 fp8_make "$m" "${mm##*:}"
+      step "fp8_dlo_${m}_${sh%%=*}" 120 fp8_dlo "$m" "${sh%%=*}" "${sh#*=}"
+      step "fp8_diffusers_${m}_${sh%%=*}" 150 fp8_diffusers "$m" "${sh%%=*}" "${sh#*=}"
+    done
+  done
+  fp8_table >"$L/table.txt" 2>&1; cat "$L/table.txt" >>"$SUM"
+  cp "$W"/h2d.json "$W"/f8rep_*.json "$W"/f8dif_*.json "$L/" 2>/dev/null
+  tar -C "$W" -czf "$OUT/logs.tar.gz" logs
+  say "gpu-run: $NPASS passed, $NFAIL failed, $NSKIP skipped in $(( $(date +%s) - T0 )) s"
+  rm -rf "$W"
+  exit $(( NFAIL > 0 ))
+fi
 step mpi_smoke 60 mpirun_ -np 2 "$B/bin/test_mpi_smoke"
 step test_engine_np2 120 mpirun_ -np 2 "$B/bin/test_engine"
 step test_engine_gpu 120 "$B/bin/test_engine_gpu"
@@ -344,8 +443,9 @@ done
 # Layerwise device peak at two depths (goal: flat).
 for n in ${FLAT_LAYERS:-20 40}; do step "bench_layerwise_${n}L" 150 bench "$n" layerwise; done
 step pinned_copy 60 pinned
+step h2d_copy 60 h2d
 table >"$L/table.txt" 2>&1; cat "$L/table.txt" >>"$SUM"
-cp "$W"/rep_*.json "$W"/brep_*.json "$L/" 2>/dev/null
+cp "$W"/rep_*.json "$W"/brep_*.json "$W"/h2d.json "$L/" 2>/dev/null
 tar -C "$W" -czf "$OUT/logs.tar.gz" logs
 say "gpu-run: $NPASS passed, $NFAIL failed, $NSKIP skipped in $(( $(date +%s) - T0 )) s"
 rm -rf "$W"

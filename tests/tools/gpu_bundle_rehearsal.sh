@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The bare-GPU-machine check, rehearsed: tools/gpu-bundle.sh packs BIN_DIR's binaries, then
 # tools/gpu-run.sh runs every step in CPU mode inside tools/sim-foreign.sh (no venv path, no
-# Debian Open MPI or our libraries), small. Any FAIL, or a binary that links libav/HDF5, fails.
+# Debian Open MPI or our libraries), small; then MODE=fp8 once, smaller. Any FAIL, or a binary that
+# links libav/HDF5, fails.
 # One thread per process (gpu-run.sh's default is 4, for a GPU machine's host): two ranks of 2
 # threads each on this 2-core machine, beside another test, spin in OpenMP's barriers; the soak
 # step alone took 126 s instead of 5 and the run hit gpu-run.sh's 330 s budget, skipping the
@@ -27,5 +28,16 @@ grep -q "0 failed" "$T/out/summary.txt" || { echo "FAIL: no '0 failed' line"; ex
 # Every step that is not GPU-only passed: at least the MPI, strategy, NCCL-path, fault and generate steps.
 for s in mpi_smoke strategy_resident strategy_dlo strategy_layerwise dlo_2ranks_nccl fault_2ranks generate_bare; do
   grep -q "^PASS  $s " "$T/out/summary.txt" || { echo "FAIL: step $s did not pass"; exit 1; }
+done
+# MODE=fp8 (issue 47's measurements): the steps run and the table comes back, one tiny guided shape;
+# dlo's output equals resident's at both storages (fp8_dlo fails otherwise).
+F=$T/out-fp8
+OMP_NUM_THREADS=1 DLO_DEVICE=cpu MODE=fp8 PASSES=2 FP8_MODELS=wan-test:2 FP8_SHAPES=g=1,4,4,8,cfg BUNDLE=$T/bundle OUT=$F \
+  bash tools/sim-foreign.sh bash tools/gpu-run.sh || rc=$?
+for s in make_wan-test fp8_dlo_wan-test_g fp8_diffusers_wan-test_g; do
+  grep -q "^PASS  $s " "$F/summary.txt" || { echo "FAIL: MODE=fp8 step $s did not pass"; cat "$F/summary.txt"; exit 1; }
+done
+for r in "dlo --offload dlo, fp8 storage" "diffusers [0-9.]* layerwise_fp8"; do
+  grep -q "| wan-test | g | $r | [0-9]" "$F/summary.txt" || { echo "FAIL: MODE=fp8 table lacks '$r'"; cat "$F/summary.txt"; exit 1; }
 done
 exit $rc
