@@ -7,7 +7,8 @@
 #   tools/setup.sh [--no-build | --all]
 #
 # Environment:
-#   DLO_VENV        venv location (default: ~/.cache/dlo/venv-<hash of tools/requirements.txt>,
+#   DLO_VENV        venv location (default: ~/.cache/dlo/venv-<hash of tools/requirements.txt's pins above
+#                   its "added to an existing venv" line>,
 #                   shared by every clone on the machine; .venv links to it)
 #   DLO_BUILD_DIR   build directory (default: build)
 #   DLO_CMAKE_ARGS  extra CMake arguments
@@ -63,8 +64,14 @@ else
 fi
 
 # 2. Python venv with the pinned torch (whose libtorch we build against) and reference packages.
+# The venv is named by the hash of the pins above requirements.txt's "added to an existing venv"
+# line (torch and what the build links against: a new venv means new include paths and a full
+# rebuild); the reference-only pins below it are installed into that venv, without dependencies
+# (each is pinned itself), each new set once.
 REQ=tools/requirements.txt
-HASH=$(sha256sum "$REQ" | cut -c1-12)
+EXTRAS_MARK='^# ---- added to an existing venv'
+HASH=$(sed "/$EXTRAS_MARK/,\$d" "$REQ" | sha256sum | cut -c1-12)
+XHASH=$(sha256sum "$REQ" | cut -c1-12)
 VENV=${DLO_VENV:-$HOME/.cache/dlo/venv-$HASH}
 if [ ! -f "$VENV/.dlo-installed-$HASH" ]; then
   say "creating venv $VENV (pinned torch and reference packages; downloads several GB on a fresh machine)"
@@ -73,10 +80,17 @@ if [ ! -f "$VENV/.dlo-installed-$HASH" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
   fi
   "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQ"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r <(sed "/$EXTRAS_MARK/,\$d" "$REQ")
   touch "$VENV/.dlo-installed-$HASH"
 else
   say "venv present: $VENV"
+fi
+if [ ! -f "$VENV/.dlo-extras-$XHASH" ]; then
+  if grep -q "$EXTRAS_MARK" "$REQ"; then
+    say "installing the reference-only pins into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r <(sed -n "/$EXTRAS_MARK/,\$p" "$REQ")
+  fi
+  touch "$VENV/.dlo-extras-$XHASH"
 fi
 ln -sfn "$VENV" .venv
 PYTHON=$VENV/bin/python
