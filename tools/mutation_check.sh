@@ -117,7 +117,7 @@ MUTANTS=$(cat <<'EOF'
 97|lib/dlo/models/wan_vae.cpp|Wan2.2 VAE: the 2x2 unpatchify with the patch's rows and columns swapped|"permute({0, 1, 4, 5, 3, 6, 2})"|"permute({0, 1, 4, 5, 2, 6, 3})"
 98|tools/demo_world.py|the demo's judge takes a frame far from the background everywhere (all black) for an object: its shape counts|"        if m.sum() < 4 or m.sum() > MAX_OBJECT_AREA * height * width:\n"|"        if m.sum() < 4:\n"
 100|lib/dlo/config/wan_tensor_names.cpp|tensor names: the original norm3 (the cross-attention's pre-norm) read as diffusers' norm2 kept as norm2|"{\"norm3\", \"norm2\"},"|"{\"norm2\", \"norm2\"},"
-101|lib/dlo/config/wan_tensor_names.cpp|tensor names: a wrong row (self-attention's output projection mapped to the cross-attention's)|"{\"self_attn.o\", \"attn1.to_out.0\"},"|"{\"self_attn.o\", \"attn2.to_out.0\"},"
+101|lib/dlo/config/wan_tensor_names.cpp|tensor names: a wrong row (self-attention's output projection mapped to the cross-attention's)|"{\"self_attn.o\", \"attn1.to_out.0\", true},"|"{\"self_attn.o\", \"attn2.to_out.0\", true},"
 102|lib/dlo/config/wan_tensor_names.cpp|tensor names: ComfyUI's 'model.diffusion_model.' prefix not stripped|"const std::string_view bare = std::string_view(n).substr(l.prefix.size());"|"const std::string_view bare = std::string_view(n);"
 103|lib/dlo/config/wan_tensor_names.cpp|a single file's names left as stored (the table never applied)|"  ck.rename_tensors([&](const std::string& n) { return renamed.at(n); });\n"|""
 104|lib/dlo/config/wan_transformer_config.cpp|config from shapes: out_channels taken as proj_out's rows (not divided by the patch)|"c.out_channels = out / per_token;"|"c.out_channels = out;"

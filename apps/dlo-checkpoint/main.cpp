@@ -3,6 +3,7 @@
 //   dlo-checkpoint inspect PATH [--json]
 //   dlo-checkpoint copy SRC DST_DIR [--shard-size 10GB] [--base-name NAME] [--wan-names original]
 //   dlo-checkpoint convert SRC DST_DIR --storage-dtype fp8 [--dtype bf16] [--shard-size 10GB]
+//   dlo-checkpoint lora FILE [--model DIR | --preset NAME] [--out OUT.safetensors] [--list]
 //   dlo-checkpoint make OUT_DIR [--preset wan-test] [--layers N ...] [--dtype bf16] [--seed S]
 //                      [--components transformer,scheduler,vae] [--vae-preset wan2.1-vae-small]
 //                      [--components ...,text_encoder,tokenizer] [--te-layers N --te-d-ff F ...]
@@ -14,7 +15,11 @@
 // Exit codes: 0 ok, 2 bad invocation, malformed checkpoint or an I/O error, 1 anything else.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <iomanip>
 #include <iostream>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include <cxxopts.hpp>
@@ -24,12 +29,15 @@
 #include "dlo/common/file.h"
 #include "dlo/app/tool.h"
 #include "dlo/config/wan_tensor_names.h"
+#include "dlo/config/model_info.h"
 #include "dlo/config/wan_vae_names.h"
 #include "dlo/io/inspect.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
 #include "dlo/testing/make_model.h"
+#include "dlo/models/tensor_view.h"
 #include "dlo/models/wan_convert.h"
+#include "dlo/models/wan_lora.h"
 #include "dlo/models/weights.h"
 
 namespace {
@@ -43,6 +51,9 @@ constexpr const char* kUsage =
     "       [--wan-names diffusers|original|comfyui]  a Wan transformer's names rewritten\n"
     "  convert SRC DST_DIR --storage-dtype fp8 [--dtype bf16] [--shard-size SIZE]\n"
     "                               a Wan transformer as a diffusers folder at a storage dtype\n"
+    "  lora FILE [--model DIR | --preset NAME] [--out OUT.safetensors] [--list]\n"
+    "                               a Wan LoRA as diffusers reads it: layout, ranks, scalings, keys\n"
+    "                               diffusers ignores; checked against a model; rewritten (diffusers/PEFT)\n"
     "  make OUT_DIR [--preset NAME] [--layers N] [--dim D] ... [--dtype bf16] [--seed S]\n"
     "       [--components transformer,scheduler,vae] [--vae-preset NAME] [--vae-base-dim N]\n"
     "                               write a random-weight model in the diffusers layout\n";
@@ -152,6 +163,79 @@ int convert(int argc, char** argv) {
   std::cout << "wrote " << r.written.files.size() << " file(s), " << dlo::human_bytes(r.written.total_bytes)
             << " of tensors (" << r.dtypes.describe() << "), config.json"
             << (r.written.index_path.empty() ? "" : ", index " + r.written.index_path) << "\n";
+  return 0;
+}
+
+int lora(int argc, char** argv) {
+  cxxopts::Options opts("dlo-checkpoint lora",
+                        "A LoRA for a Wan transformer (diffusers/PEFT, ComfyUI/Kijai or musubi layout) read as diffusers "
+                        "reads it");
+  std::string presets;
+  for (const auto& p : dlo::WanTransformerConfig::preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  opts.add_options()("model", "check it against this model folder's transformer (each expert of a two-expert model)",
+                     cxxopts::value<std::string>())(
+      "preset", "check it against a transformer shape: " + presets, cxxopts::value<std::string>())(
+      "out", "write it in the diffusers/PEFT layout (transformer.<module>.lora_A.weight, .lora_B.weight, "
+      ".lora_B.bias), the tensors as read", cxxopts::value<std::string>())(
+      "list", "one line per module: name, rank, in, out, scaling, bias")("file", "LoRA .safetensors",
+                                                                         cxxopts::value<std::string>())("h,help", "help");
+  opts.parse_positional({"file"});
+  auto args = opts.parse(argc, argv);
+  if (args.count("help")) {
+    std::cout << opts.help();
+    return 0;
+  }
+  DLO_CHECK(args.count("file"), "lora: missing FILE");
+  DLO_CHECK(!(args.count("model") && args.count("preset")), "lora: give --model or --preset, not both");
+  const std::string file = args["file"].as<std::string>();
+  if (args.count("out")) {
+    const std::string out = args["out"].as<std::string>();
+    dlo::check_output_path(out);
+    std::error_code ec;
+    DLO_CHECK(!std::filesystem::equivalent(file, out, ec), "--out '", out, "' is the LoRA read");
+  }
+  const dlo::LoraFile f = dlo::read_wan_lora(file);
+  std::vector<dlo::WanTransformerConfig> configs;
+  if (args.count("model")) {  // its transformer/ (and transformer_2/): the other parts need not be there
+    const dlo::ModelParts parts{args["model"].as<std::string>(), "", ""};
+    configs.push_back(dlo::read_expert_config(parts, false));
+    if (std::filesystem::exists(parts.folder("transformer_2"))) configs.push_back(dlo::read_expert_config(parts, true));
+  }
+  if (args.count("preset")) configs.push_back(dlo::WanTransformerConfig::preset(args["preset"].as<std::string>()));
+  for (const auto& c : configs) dlo::check_wan_lora(f, c);
+
+  std::map<std::int64_t, int> ranks;
+  std::map<double, int> scalings;
+  int biases = 0;
+  for (const auto& [m, mod] : f.modules) {
+    ++ranks[mod.down.size(0)];
+    ++scalings[mod.scaling];
+    biases += mod.bias.defined();
+  }
+  auto counts = [](const auto& by) {
+    std::ostringstream os;
+    const char* sep = "";
+    for (const auto& [v, n] : by) {
+      os << sep << v << " (" << n << ")";
+      sep = ", ";
+    }
+    return os.str();
+  };
+  std::cout << file << ": " << f.layout << ", " << f.modules.size() << " modules, " << biases << " with a bias\n"
+            << "  ranks: " << counts(ranks) << "\n  scalings: " << counts(scalings) << "\n";
+  if (!configs.empty()) std::cout << "  fits the model's Linears\n";
+  if (args.count("list"))
+    for (const auto& [m, mod] : f.modules)
+      std::cout << "  " << m << " rank " << mod.down.size(0) << " in " << mod.down.size(1) << " out " << mod.up.size(0)
+                << " scaling " << std::setprecision(17) << mod.scaling << (mod.bias.defined() ? " bias" : "") << "\n";
+  if (!f.ignored.empty()) {
+    std::cout << "  ignored as diffusers ignores them (not applied): " << f.ignored.size() << " key(s)\n";
+    for (const auto& k : f.ignored) std::cout << "    " << k << "\n";
+  }
+  if (args.count("out")) {
+    dlo::save_tensors(args["out"].as<std::string>(), dlo::wan_lora_peft_tensors(f));
+    std::cout << "wrote " << args["out"].as<std::string>() << "\n";
+  }
   return 0;
 }
 
@@ -324,6 +408,7 @@ int main(int argc, char** argv) {
       if (cmd == "copy") return copy(argc - 1, argv + 1);
       if (cmd == "convert") return convert(argc - 1, argv + 1);
       if (cmd == "make") return make(argc - 1, argv + 1);
+      if (cmd == "lora") return lora(argc - 1, argv + 1);
     } catch (const cxxopts::exceptions::exception& e) {
       throw dlo::Error(e.what());
     }

@@ -11,22 +11,23 @@ namespace {
 struct Row {
   const char* original;
   const char* diffusers;
+  bool linear = false;  // one of the transformer's Linears (a LoRA adapts these)
 };
 
 // Modules outside the blocks (the image rows are Wan2.1 I2V's and FLF2V's; dlo does not run them
 // yet, but a file holding them is named for what it is).
 constexpr Row kGlobalRows[] = {
     {"patch_embedding", "patch_embedding"},
-    {"text_embedding.0", "condition_embedder.text_embedder.linear_1"},
-    {"text_embedding.2", "condition_embedder.text_embedder.linear_2"},
-    {"time_embedding.0", "condition_embedder.time_embedder.linear_1"},
-    {"time_embedding.2", "condition_embedder.time_embedder.linear_2"},
-    {"time_projection.1", "condition_embedder.time_proj"},
-    {"head.head", "proj_out"},
+    {"text_embedding.0", "condition_embedder.text_embedder.linear_1", true},
+    {"text_embedding.2", "condition_embedder.text_embedder.linear_2", true},
+    {"time_embedding.0", "condition_embedder.time_embedder.linear_1", true},
+    {"time_embedding.2", "condition_embedder.time_embedder.linear_2", true},
+    {"time_projection.1", "condition_embedder.time_proj", true},
+    {"head.head", "proj_out", true},
     {"head.modulation", "scale_shift_table"},
     {"img_emb.proj.0", "condition_embedder.image_embedder.norm1"},
-    {"img_emb.proj.1", "condition_embedder.image_embedder.ff.net.0.proj"},
-    {"img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2"},
+    {"img_emb.proj.1", "condition_embedder.image_embedder.ff.net.0.proj", true},
+    {"img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2", true},
     {"img_emb.proj.4", "condition_embedder.image_embedder.norm2"},
     {"img_emb.emb_pos", "condition_embedder.image_embedder.pos_embed"},
 };
@@ -34,24 +35,24 @@ constexpr Row kGlobalRows[] = {
 // Modules of block N, relative to "blocks.N.". The original norm3 (the affine pre-norm of the
 // cross-attention) is diffusers' norm2; the original norm1 and norm2 have no parameters.
 constexpr Row kBlockRows[] = {
-    {"self_attn.q", "attn1.to_q"},
-    {"self_attn.k", "attn1.to_k"},
-    {"self_attn.v", "attn1.to_v"},
-    {"self_attn.o", "attn1.to_out.0"},
+    {"self_attn.q", "attn1.to_q", true},
+    {"self_attn.k", "attn1.to_k", true},
+    {"self_attn.v", "attn1.to_v", true},
+    {"self_attn.o", "attn1.to_out.0", true},
     {"self_attn.norm_q", "attn1.norm_q"},
     {"self_attn.norm_k", "attn1.norm_k"},
-    {"cross_attn.q", "attn2.to_q"},
-    {"cross_attn.k", "attn2.to_k"},
-    {"cross_attn.v", "attn2.to_v"},
-    {"cross_attn.o", "attn2.to_out.0"},
+    {"cross_attn.q", "attn2.to_q", true},
+    {"cross_attn.k", "attn2.to_k", true},
+    {"cross_attn.v", "attn2.to_v", true},
+    {"cross_attn.o", "attn2.to_out.0", true},
     {"cross_attn.norm_q", "attn2.norm_q"},
     {"cross_attn.norm_k", "attn2.norm_k"},
-    {"cross_attn.k_img", "attn2.add_k_proj"},
-    {"cross_attn.v_img", "attn2.add_v_proj"},
+    {"cross_attn.k_img", "attn2.add_k_proj", true},
+    {"cross_attn.v_img", "attn2.add_v_proj", true},
     {"cross_attn.norm_k_img", "attn2.norm_added_k"},
     {"norm3", "norm2"},
-    {"ffn.0", "ffn.net.0.proj"},
-    {"ffn.2", "ffn.net.2"},
+    {"ffn.0", "ffn.net.0.proj", true},
+    {"ffn.2", "ffn.net.2", true},
     {"modulation", "scale_shift_table"},
 };
 
@@ -66,9 +67,16 @@ std::optional<std::string_view> tail_after(std::string_view name, std::string_vi
   return tail;
 }
 
-std::optional<std::string> map_name(std::string_view name, bool to_diffusers) {
-  const auto from = [&](const Row& r) { return std::string_view(to_diffusers ? r.original : r.diffusers); };
-  const auto to = [&](const Row& r) { return std::string_view(to_diffusers ? r.diffusers : r.original); };
+// A name split at its row: "blocks.N." (empty outside the blocks), the row, and the tail.
+struct Match {
+  std::string_view head;
+  const Row* row;
+  std::string_view tail;
+};
+
+// The row whose original (or diffusers) module `name` starts with.
+std::optional<Match> find_row(std::string_view name, bool original) {
+  const auto from = [&](const Row& r) { return std::string_view(original ? r.original : r.diffusers); };
   constexpr std::string_view kBlocks = "blocks.";
   if (name.substr(0, kBlocks.size()) == kBlocks) {
     // "blocks.<digits>." then a block row.
@@ -78,13 +86,26 @@ std::optional<std::string> map_name(std::string_view name, bool to_diffusers) {
       return std::nullopt;
     const std::string_view head = name.substr(0, i + 1), rest = name.substr(i + 1);
     for (const Row& r : kBlockRows)
-      if (const auto tail = tail_after(rest, from(r)))
-        return std::string(head) + std::string(to(r)) + std::string(*tail);
+      if (const auto tail = tail_after(rest, from(r))) return Match{head, &r, *tail};
     return std::nullopt;
   }
   for (const Row& r : kGlobalRows)
-    if (const auto tail = tail_after(name, from(r))) return std::string(to(r)) + std::string(*tail);
+    if (const auto tail = tail_after(name, from(r))) return Match{{}, &r, *tail};
   return std::nullopt;
+}
+
+std::optional<std::string> map_name(std::string_view name, bool to_diffusers) {
+  const auto m = find_row(name, to_diffusers);
+  if (!m) return std::nullopt;
+  return std::string(m->head) + (to_diffusers ? m->row->diffusers : m->row->original) + std::string(m->tail);
+}
+
+// musubi-tuner writes a block row's original module with '_' for '.'.
+std::string underscored(std::string_view s) {
+  std::string out(s);
+  for (char& c : out)
+    if (c == '.') c = '_';
+  return out;
 }
 
 bool holds_name(const std::vector<std::string>& names, const std::string& name) {
@@ -122,6 +143,37 @@ std::optional<std::string> wan_scaled_weight_of(std::string_view name) {
   return std::nullopt;
 }
 std::optional<std::string> wan_diffusers_to_original(std::string_view name) { return map_name(name, false); }
+
+bool wan_is_linear(std::string_view module) {
+  const auto m = find_row(module, false);
+  return m && m->tail.empty() && m->row->linear;
+}
+
+std::optional<std::string> wan_musubi_to_diffusers(std::string_view module) {
+  constexpr std::string_view kBlocks = "blocks_";
+  if (module.substr(0, kBlocks.size()) != kBlocks) return std::nullopt;
+  std::size_t i = kBlocks.size();
+  while (i < module.size() && std::isdigit(static_cast<unsigned char>(module[i]))) ++i;
+  if (i == kBlocks.size() || i >= module.size() || module[i] != '_' || (module[kBlocks.size()] == '0' && i > kBlocks.size() + 1))
+    return std::nullopt;
+  const std::string_view index = module.substr(kBlocks.size(), i - kBlocks.size()), rest = module.substr(i + 1);
+  for (const Row& r : kBlockRows)
+    if (r.linear && underscored(r.original) == rest) return "blocks." + std::string(index) + "." + r.diffusers;
+  return std::nullopt;
+}
+
+std::optional<std::string> wan_diffusers_to_musubi(std::string_view module) {
+  const auto m = find_row(module, false);
+  if (!m || m->head.empty() || !m->tail.empty() || !m->row->linear) return std::nullopt;
+  return underscored(m->head) + underscored(m->row->original);
+}
+
+void refuse_pickle(const std::string& path) {
+  for (const char* pickle : {".pth", ".pt", ".ckpt", ".bin"})
+    DLO_CHECK(!has_suffix(path, pickle), "'", path, "' is a PyTorch pickle; dlo reads safetensors only (a pickle ",
+              "can run code when loaded). Convert it once with the venv's torch: python tools/pickle_to_safetensors.py '",
+              path, "' OUT.safetensors");
+}
 
 WanKeyLayout detect_wan_key_layout(const std::vector<std::string>& names, const std::string& label) {
   WanKeyLayout l;
@@ -169,10 +221,7 @@ std::map<std::string, std::string> wan_diffusers_names(const std::vector<std::st
 }
 
 Checkpoint open_wan_transformer(const std::string& path) {
-  for (const char* pickle : {".pth", ".pt", ".ckpt", ".bin"})
-    DLO_CHECK(!has_suffix(path, pickle), "'", path, "' is a PyTorch pickle; dlo reads safetensors only (a pickle ",
-              "can run code when loaded). Convert it once with the venv's torch: python tools/pickle_to_safetensors.py '",
-              path, "' OUT.safetensors");
+  refuse_pickle(path);
   Checkpoint ck = Checkpoint::open(path);
   std::vector<std::string> names;
   for (const TensorInfo* t : ck.tensors()) names.push_back(t->name);

@@ -35,6 +35,24 @@ struct WanKeyLayout {
 std::optional<std::string> wan_original_to_diffusers(std::string_view name);
 std::optional<std::string> wan_diffusers_to_original(std::string_view name);
 
+// Whether the diffusers module `module` (a name without a tail: "blocks.3.attn1.to_q", "proj_out")
+// is one of the transformer's Linears: the modules a LoRA adapts (diffusers' LoRA conversions map
+// exactly these rows: every block's attention projections and feed-forward, the text, time and
+// image embedders, the time projection and the output head).
+bool wan_is_linear(std::string_view module);
+
+// musubi-tuner's LoRA module names ("blocks_3_self_attn_q", "blocks_3_cross_attn_k_img",
+// "blocks_3_ffn_0": a block row's original name with '_' for '.') in diffusers' names and back;
+// block Linears only (diffusers' _convert_musubi_wan_lora_to_diffusers reads no others), nullopt
+// for anything else.
+std::optional<std::string> wan_musubi_to_diffusers(std::string_view module);
+std::optional<std::string> wan_diffusers_to_musubi(std::string_view module);
+
+// Throws dlo::Error when `path` names a PyTorch pickle (.pth, .pt, .ckpt, .bin), with the command
+// that converts it: dlo reads safetensors only (loading a pickle can run code). Every reader of
+// weights (transformer, LoRA) calls this first.
+void refuse_pickle(const std::string& path);
+
 // The layout of a transformer's tensor `names`: the prefix shared by the patch embedding's weight
 // ("model.diffusion_model.", "diffusion_model." or none), and original names when the original
 // output head ("head.head.weight") is there, diffusers' when "proj_out.weight" is. Throws
