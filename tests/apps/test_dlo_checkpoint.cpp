@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <string>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
+#include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
 #include "io/malformed_cases.h"
 
@@ -104,4 +106,36 @@ TEST_CASE("copy reshards a checkpoint and inspect sees the same tensors") {
   CHECK(j["files"] == 3);  // 256 bytes per tensor, two per 600-byte shard
   CHECK(j["tensors"] == 6);
   CHECK(j["metadata"]["total_size"] == "1536");  // the index records 6 x 256 bytes
+}
+
+TEST_CASE("lora prints a LoRA's layout and ignored keys, rewrites it in the diffusers layout, exits 2 on a misfit") {
+  dlo::test::TempDir dir;
+  // A ComfyUI-layout LoRA for wan-test (width 24): one module of rank 2, a full-weight delta diffusers ignores.
+  const auto write = [&](const std::string& name, std::int64_t width) {
+    const std::string path = dir.file(name);
+    const std::vector<dlo::TensorSpec> specs = {
+        {"diffusion_model.blocks.1.self_attn.q.lora_down.weight", dlo::DType::BF16, {2, width}},
+        {"diffusion_model.blocks.1.self_attn.q.lora_up.weight", dlo::DType::BF16, {width, 2}},
+        {"diffusion_model.blocks.1.self_attn.q.diff", dlo::DType::BF16, {width, width}}};
+    dlo::write_safetensors_file(path, specs, [](std::size_t, const dlo::TensorSpec& s, std::byte* out) {
+      std::fill(out, out + s.nbytes(), std::byte{0});
+    }, {});
+    return path;
+  };
+  const std::string fits = write("fits.safetensors", 24), wide = write("wide.safetensors", 1536);
+  const std::string out = dir.file("peft.safetensors");
+  Run ok = run("lora " + fits + " --preset wan-test --out " + out);
+  CHECK_MESSAGE(ok.exit_code == 0, ok.output);
+  CHECK(ok.output.find("ComfyUI/Kijai (diffusion_model.), 1 modules") != std::string::npos);
+  CHECK(ok.output.find("diffusion_model.blocks.1.self_attn.q.diff") != std::string::npos);
+  const dlo::Checkpoint written = dlo::Checkpoint::open(out);
+  REQUIRE(written.tensors().size() == 2);
+  CHECK(written.tensors()[0]->name == "transformer.blocks.1.attn1.to_q.lora_A.weight");
+  CHECK(written.tensors()[1]->name == "transformer.blocks.1.attn1.to_q.lora_B.weight");
+
+  Run misfit = run("lora " + wide + " --preset wan-test");
+  CHECK(misfit.exit_code == 2);
+  CHECK(misfit.output.find(wide) != std::string::npos);
+  CHECK(misfit.output.find("blocks.1.attn1.to_q") != std::string::npos);
+  CHECK(run("lora " + dir.file("absent.safetensors")).exit_code == 2);
 }
