@@ -149,6 +149,16 @@ MUTANTS=$(cat <<'EOF'
 137|lib/dlo/config/wan_vae_config.cpp|vae config from shapes: z_dim not compared with the folder's (a Wan2.1 VAE for a Wan2.2 model passes this check)|"DLO_CHECK(shown[k].second == theirs[k].second,"|"DLO_CHECK(k == 0 \x7c\x7c shown[k].second == theirs[k].second,"
 138|lib/dlo/config/model_info.h|--vae ignored (the folder's vae/ decodes instead)|"return vae_file.empty() ? vae() : vae_file;"|"return vae();"
 139|lib/dlo/config/model_info.cpp|the model identity (so the fingerprint) ignores a VAE given as a file|"std::strcmp(part, \"vae\") == 0           ? parts.vae_file"|"std::strcmp(part, \"vae\") == 1           ? parts.vae_file"
+170|lib/dlo/models/wan_lora.cpp|LoRA alpha: the power-of-two split stops one step late (down and up no longer diffusers')|"while (down * 2 < up) {"|"while (down < up) {"
+171|lib/dlo/models/wan_lora.cpp|LoRA alpha: baked into down only (up left as stored)|"mod.up = up * su;"|"mod.up = up.clone();"
+172|lib/dlo/config/wan_tensor_names.cpp|LoRA names: the image key projection not a Linear (an I2V LoRA's k_img refused)|"{\"cross_attn.k_img\", \"attn2.add_k_proj\", true},"|"{\"cross_attn.k_img\", \"attn2.add_k_proj\"},"
+173|lib/dlo/config/wan_tensor_names.cpp|LoRA names: musubi modules read as the original names, not diffusers'|"return \"blocks.\" + std::string(index) + \".\" + r.diffusers;"|"return \"blocks.\" + std::string(index) + \".\" + r.original;"
+174|lib/dlo/models/wan_lora.cpp|LoRA refusal: down and up of different ranks accepted|"down.dim() == 2 && up.dim() == 2 && down.size(0) == up.size(1)"|"down.dim() == 2 && up.dim() == 2"
+175|lib/dlo/models/wan_lora.cpp|LoRA refusal: an alpha outside the blocks' Linears accepted (diffusers raises)|"DLO_CHECK(block \x7c\x7c x.alpha.empty(),"|"DLO_CHECK(true,"
+176|lib/dlo/models/wan_lora.cpp|LoRA refusal: a DoRA file's dora_scale not refused as DoRA|"DLO_CHECK(!has(k, \"dora_scale\") && !has(k, \"lora_magnitude_vector\"),"|"DLO_CHECK(!has(k, \"lora_magnitude_vector\"),"
+177|lib/dlo/models/wan_lora.cpp|LoRA scaling: metadata's use_rslora ignored (alpha / r instead of alpha / sqrt(r))|"mod.scaling = rslora ? am / std::sqrt(rm) : am / rm;"|"mod.scaling = am / rm;"
+178|lib/dlo/models/wan_lora.cpp|check_wan_lora: a down of another in-features accepted|"mod.down.size(1) == in && mod.up.size(0) == out"|"mod.up.size(0) == out"
+179|lib/dlo/models/wan_lora.cpp|LoRA metadata without lora_bias: the biases kept (PEFT does not load them)|"if (!flag(\"lora_bias\"))"|"if (false)"
 EOF
 )
 

@@ -348,6 +348,14 @@ TEST_CASE("check_wan_lora: a LoRA for another model size or more blocks is refus
   CHECK(contains(e, "[2, 1536]"));
   CHECK(contains(e, "[24, 24]"));
 
+  Tensors in_only;  // ffn.net.2 is [24, 32]: an up of 24 outputs, a down of 24 inputs instead of 32
+  in_only.emplace_back("transformer.blocks.0.ffn.net.2.lora_A.weight", filled({2, 24}, 1.0));
+  in_only.emplace_back("transformer.blocks.0.ffn.net.2.lora_B.weight", filled({24, 2}, 1.0));
+  const std::string narrow = save(dir, "narrow.safetensors", in_only);
+  e = error_of([&] { check_wan_lora(read_wan_lora(narrow), c); });
+  CHECK(contains(e, "blocks.0.ffn.net.2"));
+  CHECK(contains(e, "[24, 32]"));
+
   Tensors deeper;
   comfy_module(deeper, "blocks.2.self_attn.q", 2);
   const std::string three = save(dir, "three.safetensors", deeper);
