@@ -41,6 +41,7 @@
 #include "dlo/common/settings.h"
 #include "dlo/dist/device.h"
 #include "dlo/models/weights.h"
+#include "dlo/models/wan_lora_fuse.h"
 #include "dlo/mpi/mpi_world.h"
 
 namespace {
@@ -118,7 +119,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     if (world.rank() != 0) {
       const std::string mine = dlo::model_identity(plan.model);
       DLO_CHECK(mine == plan.model_identity, "the model folder '", plan.model.dir, "'",
-                plan.model.transformer.empty() && plan.model.transformer_2.empty() && plan.model.vae_file.empty()
+                plan.model.transformer.empty() && plan.model.transformer_2.empty() && plan.model.vae_file.empty() &&
+                        plan.model.fused_loras.empty()
                     ? ""
                     : " (with the weights given)",
                 " holds other files here than on rank 0 ",
@@ -130,6 +132,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   world.check_all(error, "start-up check (model folder)");
   const bool talk = world.rank() == 0 && !args.count("quiet");
   if (talk && !thread_note.empty()) std::cerr << tool << ": note: " << thread_note << "\n";
+  if (talk)
+    for (const auto& n : dlo::lora_ignored_notes(model.parts.fused_loras)) std::cerr << tool << ": warning: " << n << "\n";
   if (talk && lock && lock->took_over_stale())
     std::cerr << tool << ": note: took over the lock of the output folder from a run that is gone (" << lock->path() << ")\n";
   if (batch && talk) {

@@ -19,7 +19,11 @@ as the case's dtype says. --ranks N runs dlo-generate under
 Wan2.2 TI2V-shaped folder (the residual Wan2.2 VAE with patch 2, expand_timesteps: a timestep per
 token). --diffusers-init keeps only the made folder's configs and tokenizer: every model is
 initialised by diffusers / transformers themselves (their own random init, seeded) and the folder is
-written by WanPipeline.save_pretrained in 30 KB shards (--save-dtype: the transformers' file dtype).
+written by WanPipeline.save_pretrained in 30 KB shards (--save-dtype: the transformers' file dtype). --fuse-lora [high=|low=]KIND[:STRENGTH] (repeatable,
+in order) writes a LoRA file of KIND for the folder's transformer (wan_lora_parity.py's: peft_meta,
+peft_plain, comfy, comfy_ab, musubi) and fuses it on both sides: diffusers' load_lora_weights (into
+transformer_2 for low=), set_adapters(names, strengths), fuse_lora(), before any layerwise casting;
+dlo-generate --fuse-lora FILE:STRENGTH. A case then also checks that the LoRAs change the frames.
 
   pipeline_parity.py --bin build/bin --cases fp32-unipc-cfg,fp32-euler-nocfg
 """
@@ -88,6 +92,15 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args, storag
     else:
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=flow_shift)
     pipe.set_progress_bar_config(disable=True)
+    if args.fuse_lora and storage:
+        names, strengths = [], []
+        for i, (expert, path, strength) in enumerate(args.lora_files):
+            pipe.load_lora_weights(path, adapter_name=f"l{i}", load_into_transformer_2=expert == "low")
+            names.append(f"l{i}")
+            strengths.append(strength)
+        pipe.set_adapters(names, adapter_weights=strengths)
+        parts = ["transformer"] + (["transformer_2"] if getattr(pipe, "transformer_2", None) is not None else [])
+        pipe.fuse_lora(components=parts)
     if args.storage_dtype and storage:
         # diffusers' layerwise casting: the blocks' Linears kept in the storage dtype, cast to the
         # compute dtype just before each forward (loaded in the compute dtype first, as its docs do).
@@ -116,6 +129,36 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args, storag
     return np.stack([(frame * 255).astype(np.uint8) for frame in video]), seconds
 
 
+def write_loras(model, tmp, specs, seed):
+    """[(expert or "", path, strength)] for --fuse-lora's specs: each KIND written once per expert
+    by wan_lora_parity.py's writers for that expert's transformer (seeded)."""
+    import wan_lora_parity as wl
+    from diffusers import WanTransformer3DModel
+
+    out, written = [], {}
+    for spec in specs:
+        expert, rest = (spec.split("=", 1) if "=" in spec else ("", spec))
+        kind, _, strength = rest.partition(":")
+        key = (expert, kind)
+        if key not in written:
+            part = "transformer_2" if expert == "low" else "transformer"
+            t = WanTransformer3DModel.from_pretrained(os.path.join(model, part), torch_dtype=torch.float32)
+            folder = os.path.join(tmp, f"lora-{expert or 'one'}-{kind}")
+            os.makedirs(folder, exist_ok=True)
+            g = torch.Generator().manual_seed(seed + len(written))
+            shapes, layers = wl.linear_shapes(t), t.config.num_layers
+            if kind.startswith("peft"):
+                assert part == "transformer", "the peft kinds are written for transformer/ (write_peft)"
+                wl.write_peft(model, folder, shapes, g)
+            elif kind.startswith("comfy"):
+                wl.write_comfy(folder, shapes, layers, g)
+            else:
+                wl.write_musubi(folder, shapes, layers, g)
+            written[key] = os.path.join(folder, f"{kind}.safetensors")
+        out.append((expert, written[key], float(strength) if strength else 1.0))
+    return out
+
+
 def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
     out = os.path.join(tmp, "frames")
     cmd = [os.path.join(args.bin, "dlo-generate"), "--model", model, "--prompt", args.prompt, "--negative-prompt",
@@ -129,6 +172,8 @@ def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
         cmd += ["--boundary-ratio", str(args.boundary_ratio)]
     if args.storage_dtype:
         cmd += ["--storage-dtype", args.storage_dtype]
+    for expert, path, strength in args.lora_files:
+        cmd += ["--fuse-lora", f"{expert + '=' if expert else ''}{path}:{strength!r}"]
     if args.ranks > 1:
         cmd = ["mpirun", "-np", str(args.ranks)] + cmd
     t0 = time.perf_counter()
@@ -171,6 +216,9 @@ def main():
                     help="render the model with its transformer(s) rewritten in fp8 by dlo-checkpoint convert (with "
                          "--storage-dtype fp8: diffusers' layerwise casting of that folder against dlo streaming it as written)")
     ap.add_argument("--offload", default="auto", help="dlo-generate --offload")
+    ap.add_argument("--fuse-lora", action="append", default=[],
+                    help="[high=|low=]KIND[:STRENGTH]: a LoRA written for the folder (KIND as wan_lora_parity.py "
+                         "writes them), fused on both sides")
     ap.add_argument("--bf16-max-diff", type=int, default=255, help="largest allowed byte difference in bf16 cases")
     ap.add_argument("--json", help="write the per-case results here")
     args = ap.parse_args()
@@ -210,6 +258,7 @@ def main():
                                     "--shard-size", "40KB"], check=True, stdout=subprocess.DEVNULL)
             print(f"transformer(s) converted to fp8 files by dlo-checkpoint convert: {sorted(os.listdir(os.path.join(conv, 'transformer')))[:3]} ...")
             model = conv
+        args.lora_files = write_loras(model, tmp, args.fuse_lora, args.seed) if args.fuse_lora else []
         for case in args.cases.split(","):
             dtype, scheduler, cfg = case.split("-")
             guidance = args.guidance if cfg == "cfg" else 1.0
@@ -219,7 +268,16 @@ def main():
                 print(f"{case}: FAIL shapes differ: dlo {ours.shape} vs diffusers {ref.shape}")
                 failed = True
                 continue
-            if args.storage_dtype and not args.fp8_file:
+            if args.fuse_lora:
+                # Equality means something only if the LoRAs change the frames.
+                plain, _ = diffusers_frames(model, dtype, scheduler, args.flow_shift, guidance, args, storage=False)
+                changed = float((plain != ref).mean())
+                print(f"{case}: the fused LoRAs change {changed:.4f} of diffusers' frame bytes")
+                if changed == 0:
+                    print(f"{case}: FAIL the LoRAs change nothing here")
+                    failed = True
+                    continue
+            if args.storage_dtype and not args.fp8_file and not args.fuse_lora:
                 # Equality means something only if the storage dtype changes the frames.
                 plain, _ = diffusers_frames(model, dtype, scheduler, args.flow_shift, guidance, args, storage=False)
                 changed = float((plain != ref).mean())

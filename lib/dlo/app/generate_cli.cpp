@@ -39,6 +39,9 @@ cxxopts::Options generate_flag_table(const AppOutputs& outputs) {
       cxxopts::value<std::string>())(
       "vae", "the VAE's weights instead of the folder's vae/: a .safetensors file in diffusers' or the original "
       "Wan2.1 / Wan2.2 VAE names (config from the shapes, checked against the folder's)", cxxopts::value<std::string>())(
+      "fuse-lora", "a LoRA merged into the transformer's weights for the whole run, [high=|low=]PATH[:STRENGTH] "
+      "(repeatable, merged in order; high=/low= pick Wan2.2's expert): diffusers/PEFT, ComfyUI/Kijai/lightx2v or "
+      "musubi files. Default: the manifest's fuse_loras", cxxopts::value<std::vector<std::string>>())(
       "jobs", "a batch: a YAML manifest or a .txt file of prompts (docs/manifest.md)", cxxopts::value<std::string>())(
       "output-dir", "batch: where videos and results.jsonl go (default: the manifest's output_dir)",
       cxxopts::value<std::string>())("force", "batch: render every job again, also those done or changed since")(
@@ -113,8 +116,20 @@ TopologyFlags topology_flags(const cxxopts::ParseResult& a) {
   return f;
 }
 
+std::vector<LoraSpec> fused_loras_from_flags(const cxxopts::ParseResult& a) {
+  std::vector<LoraSpec> out;
+  if (a.count("fuse-lora"))
+    for (const auto& text : a["fuse-lora"].as<std::vector<std::string>>()) {
+      LoraSpec l = parse_lora_spec(text, "--fuse-lora");
+      l.path = canonical_path(l.path);
+      out.push_back(std::move(l));
+    }
+  return out;
+}
+
 ModelParts model_parts_from_flags(const cxxopts::ParseResult& a) {
   ModelParts m{canonical_path(a["model"].as<std::string>()), "", ""};
+  m.fused_loras = fused_loras_from_flags(a);
   for (const auto& [flag, given] : {std::pair<const char*, std::string*>{"transformer", &m.transformer},
                                     {"transformer-2", &m.transformer_2}, {"vae", &m.vae_file}})
     if (a.count(flag)) {
@@ -189,6 +204,7 @@ BatchPlan batch_plan_from_flags(const cxxopts::ParseResult& a, JobFlags flags, c
       *given = a[flag].as<std::string>();
       DLO_CHECK(!given->empty(), "--", flag, " is empty");
     }
+  o.fused_loras = fused_loras_from_flags(a);
   o.formats = outputs.names();
   o.force = a.count("force") > 0;
   o.dry_run = a.count("dry-run") > 0;

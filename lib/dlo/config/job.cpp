@@ -532,6 +532,13 @@ std::optional<JobFieldValue> effective_value(const JobField& f, const JobSpec& j
   return f.effective ? f.effective(job, info) : f.get(job);
 }
 
+// " with LoRAs fused: A:1, low=B:0.5" (nothing without).
+std::string fused_loras_text(const std::vector<LoraSpec>& loras) {
+  std::string s;
+  for (const auto& l : loras) s += str(s.empty() ? " with LoRAs fused: " : ", ", lora_spec_text(l));
+  return s;
+}
+
 }  // namespace
 
 std::string job_parameters_json(const JobSpec& job, const ModelInfo& info, const std::string& fingerprint) {
@@ -544,6 +551,10 @@ std::string job_parameters_json(const JobSpec& job, const ModelInfo& info, const
   if (!info.parts.transformer.empty()) j["transformer"] = info.parts.transformer;
   if (!info.parts.transformer_2.empty()) j["transformer_2"] = info.parts.transformer_2;
   if (!info.parts.vae_file.empty()) j["vae"] = info.parts.vae_file;
+  if (!info.parts.fused_loras.empty()) {
+    j["fuse_loras"] = ojson::array();
+    for (const auto& l : info.parts.fused_loras) j["fuse_loras"].push_back(lora_spec_text(l));
+  }
   j["dlo_version"] = dlo_version();
   if (!fingerprint.empty()) j["fingerprint"] = fingerprint;
   return j.dump();
@@ -590,7 +601,8 @@ std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
              ", ", job.frames, " frames at ", job.fps, " fps; model ", info.parts.dir,
              info.parts.transformer.empty() ? std::string() : str(" with transformer ", info.parts.transformer),
              info.parts.transformer_2.empty() ? std::string() : str(" and transformer_2 ", info.parts.transformer_2),
-             info.parts.vae_file.empty() ? std::string() : str(" with vae ", info.parts.vae_file), "; dlo ", dlo_version());
+             info.parts.vae_file.empty() ? std::string() : str(" with vae ", info.parts.vae_file),
+             fused_loras_text(info.parts.fused_loras), "; dlo ", dlo_version());
 }
 
 std::string jobs_to_json(const std::vector<JobSpec>& jobs) {

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "dlo/common/error.h"
@@ -144,6 +146,35 @@ ModelIndex check_model_index(const JsonConfig& j) {
 
 }  // namespace
 
+LoraSpec parse_lora_spec(const std::string& text, const std::string& what) {
+  LoraSpec s;
+  std::string rest = text;
+  for (const auto& [prefix, expert] : {std::pair<const char*, int>{"high=", 0}, {"low=", 1}})
+    if (rest.rfind(prefix, 0) == 0) {
+      s.expert = expert;
+      rest = rest.substr(std::strlen(prefix));
+    }
+  if (const auto colon = rest.rfind(':'); colon != std::string::npos) {
+    const std::string tail = rest.substr(colon + 1);
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(tail.c_str(), &end);
+    if (!tail.empty() && end && *end == '\0' && errno == 0 && std::isfinite(v)) {
+      s.strength = v;
+      rest = rest.substr(0, colon);
+    }
+  }
+  DLO_CHECK(!rest.empty(), what, ": '", text, "' names no LoRA file (write [high=|low=]PATH[:STRENGTH])");
+  s.path = rest;
+  return s;
+}
+
+std::string lora_spec_text(const LoraSpec& s) {
+  char strength[32];
+  std::snprintf(strength, sizeof strength, "%.17g", s.strength);
+  return str(s.expert == 0 ? "high=" : s.expert == 1 ? "low=" : "", s.path, ":", strength);
+}
+
 std::string model_identity(const ModelParts& parts) {
   const std::string& dir = parts.dir;
   return with_context(str("model folder '", dir, "'"), [&] {
@@ -175,6 +206,12 @@ std::string model_identity(const ModelParts& parts) {
       // transformer_2/ only where there is one: a Wan2.1 folder's identity is what it always was.
       if (std::strcmp(part, "transformer_2") == 0 && !is_dir(dir + "/" + part)) continue;
       for (const auto& name : files_of(dir + "/" + part)) add(std::string(part) + "/" + name);
+    }
+    // Fused LoRAs change the weights: each file by content, with where and how strongly it applies.
+    for (const auto& l : parts.fused_loras) {
+      LoraSpec tag = l;
+      tag.path = "fused LoRA";
+      add_named(lora_spec_text(tag), l.path);
     }
     return h.hex_digest().substr(0, 16);
   });
@@ -259,6 +296,14 @@ ModelInfo read_model_info(const ModelParts& parts) {
       info.boundary_ratio = index.boundary_ratio;
     }
     info.expand_timesteps = index.expand_timesteps;
+    for (const auto& l : parts.fused_loras) {
+      const std::string text = lora_spec_text(l);
+      DLO_CHECK(l.expert < 0 || index.transformer_2, "the fused LoRA '", text, "' names an expert (high=/low=), but the ",
+                "model has one transformer: write it without high= or low=");
+      DLO_CHECK(l.expert >= 0 || !index.transformer_2, "the fused LoRA '", text, "': the model has two experts; name the ",
+                "one it is for: high=PATH (transformer/, the high-noise steps) or low=PATH (transformer_2/)");
+      with_context(str("the fused LoRA '", text, "'"), [&] { check_regular_file(l.path); });
+    }
     // WanPipeline's per-token timestep takes every second latent row and column (mask[:, ::2, ::2]):
     // one per token only for the [1, 2, 2] patch; any other would fail in the transformer.
     for (const auto& tc : info.expert_configs()) {

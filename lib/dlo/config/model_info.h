@@ -16,6 +16,22 @@
 
 namespace dlo {
 
+// A LoRA fused into a transformer's weights for a whole run (--fuse-lora, the manifest's
+// `fuse_loras`), written `[high=|low=]PATH[:STRENGTH]`: `high=`/`low=` choose Wan2.2's expert
+// (transformer/ denoises the high-noise steps, transformer_2/ the low-noise ones) and are needed
+// for a two-expert model and refused for another; STRENGTH (default 1) scales the LoRA's change.
+struct LoraSpec {
+  std::string path;
+  double strength = 1.0;
+  int expert = -1;  // -1: the one transformer; 0: transformer/ (high=); 1: transformer_2/ (low=)
+  bool operator==(const LoraSpec&) const = default;
+};
+// Parses `[high=|low=]PATH[:STRENGTH]` (the strength: the text after the last ':', when it reads
+// as a finite number). Throws dlo::Error naming `what` (the flag or key) for an empty path.
+LoraSpec parse_lora_spec(const std::string& text, const std::string& what);
+// The spec written back in that form (the strength to 17 digits: it reads back the same).
+std::string lora_spec_text(const LoraSpec& s);
+
 // Where a model's parts are: a diffusers model folder's sub-folders, except a transformer given
 // as its own weights (--transformer FILE: a single .safetensors file, an index, or a folder of
 // shards, in diffusers', the original Wan or ComfyUI's names) and a VAE given so (--vae FILE, in
@@ -25,6 +41,7 @@ struct ModelParts {
   std::string dir;                         // the diffusers model folder
   std::string transformer, transformer_2;  // weights given instead of transformer/, transformer_2/ ("": none)
   std::string vae_file{};                  // weights given instead of vae/'s ("": none)
+  std::vector<LoraSpec> fused_loras{};     // LoRAs fused into the transformer(s) for the run, in merge order
 
   std::string index() const { return dir + "/model_index.json"; }
   // The transformer's weights: the file given, else the folder's transformer/ (and so for
@@ -76,7 +93,8 @@ struct ModelInfo {
 // given as its own weights (ModelParts::transformer, transformer_2) has its config from its
 // tensors' shapes (infer_wan_transformer_config, headers only), checked against the folder's
 // transformer config where the folder has one (then the folder may lack the weights, or the
-// sub-folder altogether); transformer_2 given for a model of one transformer is an error. A VAE
+// sub-folder altogether); transformer_2 given for a model of one transformer is an error, and so
+// is a fused LoRA whose file is not there or whose expert selector does not fit the model. A VAE
 // given as its own weights (ModelParts::vae_file) has its config as read_vae_config reads it.
 // Throws dlo::Error naming the folder or file, the part and the field.
 ModelInfo read_model_info(const ModelParts& parts);
@@ -99,7 +117,8 @@ inline ModelInfo read_model_info(const std::string& dir) { return read_model_inf
 // (ModelParts::transformer, transformer_2) stands in for its sub-folder: its file, or every file
 // of its folder, by name and content as above (so another file, or the same file's weights
 // changed, give another identity; the folder's own transformer/ no longer counts); so does a VAE
-// given (ModelParts::vae_file) for vae/.
+// given (ModelParts::vae_file) for vae/. Each fused LoRA adds its file by content, with its expert
+// and strength, in order.
 std::string model_identity(const ModelParts& parts);
 inline std::string model_identity(const std::string& dir) { return model_identity(ModelParts{dir, "", ""}); }
 

@@ -111,8 +111,12 @@ at::ScalarType WanDtypes::via(const std::string& name) const {
   return scaled && wan_scaled_weight_of(name) ? at::kFloat : wan_weight_dtype(name, compute);
 }
 
-at::Tensor WanDtypes::keep(const std::string& name, const at::Tensor& t) const {
+at::Tensor WanDtypes::keep(const std::string& name, const at::Tensor& t, const TensorEdits* edits) const {
   const at::ScalarType to = stored(name);
+  if (edits && edits->touches(name)) {
+    const std::int64_t cols = t.dim() > 1 ? t.numel() / t.size(0) : 1;
+    return edited_rows(*edits, name, t, cols, via(name), to, 0);
+  }
   if (t.scalar_type() == to) return t;
   return as_dtype(as_dtype(t, via(name)), to);
 }
@@ -384,11 +388,16 @@ WanTransformer WanTransformer::load(const std::string& dir, at::ScalarType compu
 }
 
 WanTransformer WanTransformer::load(const std::string& weights, const WanTransformerConfig& config,
-                                    at::ScalarType compute, bool load_blocks, LinearStorage storage) {
+                                    at::ScalarType compute, bool load_blocks, LinearStorage storage,
+                                    std::shared_ptr<const TensorEdits> edits) {
   return with_context(str("loading transformer '", weights, "'"), [&] {
     WeightStore store(open_wan_transformer(weights));
     const WanDtypes dtypes = resolve_wan_dtypes(storage, compute, store.checkpoint(), "--storage-dtype");
     WanTransformer m(config, std::move(store), dtypes);
+    // A scaled file's weight is fp8 x scale: a change to it would need a new scale (not done).
+    DLO_CHECK(!(edits && dtypes.scaled), "a LoRA cannot be fused into a scaled fp8 file (its weights are fp8 times a "
+              "per-tensor scale); fuse it into the bf16 or plain fp8 weights, or apply it unfused");
+    m.edits_ = std::move(edits);
     const auto& c = m.config_;
     // Every tensor, blocks included (the engine streams them later), with its shape, and no
     // tensor the config does not use: a mismatch is found here, not mid-run.
@@ -401,7 +410,7 @@ WanTransformer WanTransformer::load(const std::string& weights, const WanTransfo
     }
     check_checkpoint_tensors(m.store_, expected, scales);
     auto get = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
-      at::Tensor t = m.dtypes_.keep(name, m.store_.get(name, shape));
+      at::Tensor t = m.dtypes_.keep(name, m.store_.get(name, shape), m.edits_.get());
       // A scaled file's Linears outside the blocks: dequantised once, here (the blocks' at their matmul).
       const std::string scale = name.size() > 7 ? name.substr(0, name.size() - 7) + ".scale_weight" : "";
       if (m.dtypes_.scaled && name.rfind("blocks.", 0) != 0 && !scale.empty() && m.store_.has(scale))

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "dlo/common/partition.h"
 #include "dlo/config/wan_transformer_config.h"
 #include "dlo/io/dtype.h"
+#include "dlo/models/tensor_edits.h"
 #include "dlo/models/weights.h"
 
 namespace dlo {
@@ -70,7 +72,8 @@ struct WanDtypes {
   // dtype it computes in, then cast to the storage dtype: two roundings where the checkpoint is
   // wider than both), and not converted at all where the checkpoint already holds the stored
   // dtype (an fp8 file's tensors are kept as written, never rounded twice). No copy then.
-  at::Tensor keep(const std::string& name, const at::Tensor& t) const;
+  // With `edits` that change it: formed in via(name), changed there, then rounded to stored(name).
+  at::Tensor keep(const std::string& name, const at::Tensor& t, const TensorEdits* edits = nullptr) const;
   // "bf16", or "bf16 (Linears fp8 e4m3fn)" where they are kept narrower ("..., biases bf16" where
   // those differ; "scaled fp8 e4m3fn" for a scaled file).
   std::string describe() const;
@@ -192,13 +195,17 @@ class WanTransformer {
   // The same for weights of `config` at `weights`: anything open_wan_transformer opens (a folder,
   // a single file, an index; diffusers', original Wan or ComfyUI's names, read as diffusers'), its
   // layerwise-cast Linears kept as `storage` resolves (resolve_wan_dtypes; "--storage-dtype" in
-  // its errors).
+  // its errors), changed by `edits` (fused LoRAs) where they are formed: the non-block weights and
+  // resident blocks here, streamed blocks as the engine packs them (edits()).
   static WanTransformer load(const std::string& weights, const WanTransformerConfig& config, at::ScalarType compute,
-                             bool load_blocks = true, LinearStorage storage = LinearStorage::kAuto);
+                             bool load_blocks = true, LinearStorage storage = LinearStorage::kAuto,
+                             std::shared_ptr<const TensorEdits> edits = nullptr);
 
   const WanTransformerConfig& config() const { return config_; }
   at::ScalarType compute_dtype() const { return dtypes_.compute; }
   const WanDtypes& dtypes() const { return dtypes_; }
+  // The changes made to its weights as they are formed (fused LoRAs), or null.
+  const std::shared_ptr<const TensorEdits>& edits() const { return edits_; }
   const WeightStore& weights() const { return store_; }
 
   // Checks inputs without computing anything (for start-up checks): hidden_states x [B, C_in, F,
@@ -228,6 +235,7 @@ class WanTransformer {
   WanTransformerConfig config_;
   WeightStore store_;
   WanDtypes dtypes_;
+  std::shared_ptr<const TensorEdits> edits_;
   WanGlobalWeights global_;
   std::vector<WanBlockWeights> blocks_;
   at::Tensor rope_cos_table_, rope_sin_table_;  // [rope_max_seq_len, head_dim] fp32

@@ -90,12 +90,13 @@ std::vector<std::vector<std::string>> wan_blocks(const WanTransformerConfig& c, 
 }  // namespace
 
 // Blocks are packed in the dtype the model keeps each tensor in: no conversion per block (a
-// narrower storage is cast by the model's linear seam as it computes).
+// narrower storage is cast by the model's linear seam as it computes), with the model's edits
+// (fused LoRAs) made as each rank packs its range.
 WanOffloadRunner::WanOffloadRunner(const WanTransformer& model, int ranks)
     : OffloadStack(model.weights().shared(), wan_blocks(model.config(), model.dtypes()),
                    [&model](const std::string& full) {
                      const WanDtypes& d = model.dtypes();
-                     return PackedAs(from_scalar_type(d.stored(full)), from_scalar_type(d.via(full)));
+                     return PackedAs(from_scalar_type(d.stored(full)), from_scalar_type(d.via(full)), model.edits());
                    },
                    ranks),
       model_(model) {}

@@ -13,6 +13,18 @@ namespace {
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
+// Elements per row of t (a weight [out, ...] has out rows; a 1-D tensor one element each).
+std::int64_t row_elements(const PackedTensor& t) {
+  std::int64_t cols = 1;
+  for (std::size_t d = 1; d < t.shape.size(); ++d) cols *= t.shape[d];
+  return cols;
+}
+
+// Rows [first_row, ...) of t, changed by its edits (values `from`, whole rows, any shape).
+at::Tensor edited_rows(const PackedTensor& t, const at::Tensor& from, std::int64_t first_row) {
+  return edited_rows(*t.edits, t.name, from, row_elements(t), to_scalar_type(t.via), to_scalar_type(t.dtype), first_row);
+}
+
 }  // namespace
 
 StackPlan::StackPlan(std::shared_ptr<const Checkpoint> ck, const std::vector<std::vector<std::string>>& blocks,
@@ -30,6 +42,7 @@ StackPlan::StackPlan(std::shared_ptr<const Checkpoint> ck, const std::vector<std
       const PackedAs as = packed_dtype(name);
       t.dtype = as.dtype;
       t.via = as.via;
+      if (as.edits && as.edits->touches(name)) t.edits = as.edits;
       t.shape = t.source->shape;
       t.offset = round_up(offset, kTensorAlign);
       t.nbytes = static_cast<std::uint64_t>(t.source->numel()) * dtype_size(t.dtype);
@@ -75,6 +88,8 @@ std::uint64_t StackPlan::fingerprint() const {
       mix(static_cast<std::uint64_t>(t.via));
       mix(t.offset);
       for (auto d : t.shape) mix(static_cast<std::uint64_t>(d));
+      if (t.edits)
+        for (unsigned char c : t.edits->identity()) mix(c);
     }
   }
   return h;
@@ -95,7 +110,18 @@ void StackPlan::pack(std::int64_t i, std::uint64_t begin, std::uint64_t end, std
     DLO_ASSERT((lo - t.offset) % out_elem == 0 && (hi - t.offset) % out_elem == 0);
     const std::uint64_t first = (lo - t.offset) / out_elem, count = (hi - lo) / out_elem;
     const std::byte* in = src + first * in_elem;
-    if (t.dtype == t.source->dtype) {
+    if (t.edits) {
+      // Whole rows are changed (a row's change needs all of it), then this range's part is kept.
+      const auto cols = static_cast<std::uint64_t>(row_elements(t));
+      const std::uint64_t r0 = first / cols, r1 = (first + count + cols - 1) / cols;
+      at::Tensor rows = at::from_blob(const_cast<std::byte*>(src + r0 * cols * in_elem),
+                                      {static_cast<std::int64_t>((r1 - r0) * cols)},
+                                      at::TensorOptions().dtype(to_scalar_type(t.source->dtype)));
+      at::Tensor to = at::from_blob(out + (lo - begin), {static_cast<std::int64_t>(count)},
+                                    at::TensorOptions().dtype(to_scalar_type(t.dtype)));
+      to.copy_(edited_rows(t, rows, static_cast<std::int64_t>(r0))
+                   .narrow(0, static_cast<std::int64_t>(first - r0 * cols), static_cast<std::int64_t>(count)));
+    } else if (t.dtype == t.source->dtype) {
       std::memcpy(out + (lo - begin), in, hi - lo);
     } else {
       at::Tensor from = at::from_blob(const_cast<std::byte*>(in), {static_cast<std::int64_t>(count)},
@@ -109,6 +135,7 @@ void StackPlan::pack(std::int64_t i, std::uint64_t begin, std::uint64_t end, std
 }
 
 at::Tensor StackPlan::packed_values(const PackedTensor& t, const at::Tensor& from) {
+  if (t.edits) return edited_rows(t, from, 0);
   const at::ScalarType to = to_scalar_type(t.dtype), via = to_scalar_type(t.via);
   if (from.scalar_type() == to) return from;
   return (from.scalar_type() == via || via == to ? from : from.to(via)).to(to);

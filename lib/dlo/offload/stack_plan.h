@@ -17,6 +17,7 @@
 
 #include "dlo/io/dtype.h"
 #include "dlo/io/safetensors.h"
+#include "dlo/models/tensor_edits.h"
 
 namespace dlo {
 
@@ -25,12 +26,16 @@ inline constexpr std::uint64_t kShardAlign = 256;
 
 // How a tensor is packed: its dtype in the layout, and the dtype its values are rounded through on
 // the way from the checkpoint's (diffusers loads in the compute dtype, then casts to a narrower
-// storage: two roundings). A checkpoint tensor already in `dtype` is copied as it is.
+// storage: two roundings). A checkpoint tensor already in `dtype` is copied as it is, unless
+// `edits` change it (TensorEdits::touches): then its rows are formed in `via`, changed there, and
+// rounded to `dtype` (a fused LoRA merged, then narrowed).
 struct PackedAs {
   DType dtype;
   DType via;
+  std::shared_ptr<const TensorEdits> edits;
   PackedAs(DType d) : dtype(d), via(d) {}  // NOLINT: one conversion, the plain case
-  PackedAs(DType d, DType through) : dtype(d), via(through) {}
+  PackedAs(DType d, DType through, std::shared_ptr<const TensorEdits> e = nullptr)
+      : dtype(d), via(through), edits(std::move(e)) {}
 };
 
 struct PackedTensor {
@@ -38,6 +43,7 @@ struct PackedTensor {
   const TensorInfo* source = nullptr;
   DType dtype = DType::F32;          // dtype in the packed layout (converted while packing if it differs)
   DType via = DType::F32;            // rounded through on the way (PackedAs)
+  std::shared_ptr<const TensorEdits> edits;  // set where they change this tensor (PackedAs)
   std::vector<std::int64_t> shape;
   std::uint64_t offset = 0;          // in the block
   std::uint64_t nbytes = 0;
@@ -65,7 +71,7 @@ class StackPlan {
   std::uint64_t padded_bytes(std::int64_t i) const { return shard_bytes(i) * static_cast<std::uint64_t>(ranks_); }
   std::uint64_t slot_bytes() const;            // largest padded block
   std::uint64_t total_bytes() const;           // sum of block bytes (unpadded)
-  // A hash of everything every rank must agree on (names, dtypes, shapes, offsets, ranks).
+  // A hash of everything every rank must agree on (names, dtypes, shapes, offsets, ranks, edits).
   std::uint64_t fingerprint() const;
 
   // Writes bytes [begin, end) of block i's packed layout to `out` (zeros past the block's end),
@@ -73,8 +79,9 @@ class StackPlan {
   // checkpoint pages read are released from the page cache afterwards.
   void pack(std::int64_t i, std::uint64_t begin, std::uint64_t end, std::byte* out, bool release_pages) const;
 
-  // Checkpoint values `from` of tensor `t` as packed: `from` itself when its dtype is t's, else
-  // converted (through t.via where that is a third dtype). What pack() writes, as a tensor.
+  // Checkpoint values `from` of tensor `t` as packed: `from` itself when its dtype is t's and no
+  // edits change it, else converted (through t.via where that is a third dtype), and changed in
+  // t.via by its edits. What pack() writes, as a tensor.
   static at::Tensor packed_values(const PackedTensor& t, const at::Tensor& from);
 
   // Views of block i's tensors in a packed buffer at `base` on `device` (no copies); the caller

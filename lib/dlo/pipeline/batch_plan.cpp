@@ -36,6 +36,12 @@ std::vector<BatchJob> batch_jobs_from_json(const json& j) {
   return jobs;
 }
 
+std::vector<std::string> lora_texts(const std::vector<LoraSpec>& loras) {
+  std::vector<std::string> out;
+  for (const auto& l : loras) out.push_back(lora_spec_text(l));
+  return out;
+}
+
 }  // namespace
 
 std::string plan_to_json(const BatchPlan& p) {
@@ -43,6 +49,7 @@ std::string plan_to_json(const BatchPlan& p) {
                {"transformer", p.model.transformer},
                {"transformer_2", p.model.transformer_2},
                {"vae", p.model.vae_file},
+               {"fuse_loras", lora_texts(p.model.fused_loras)},
                {"model_identity", p.model_identity},
                {"output_dir", p.output_dir},
                {"results", p.results},
@@ -60,6 +67,7 @@ BatchPlan plan_from_json(const std::string& text) {
     const json j = json::parse(text);
     BatchPlan p;
     p.model = {j.at("model"), j.at("transformer"), j.at("transformer_2"), j.at("vae")};
+    for (const auto& t : j.at("fuse_loras")) p.model.fused_loras.push_back(parse_lora_spec(t.get<std::string>(), "plan"));
     p.model_identity = j.at("model_identity");
     p.output_dir = j.at("output_dir");
     p.results = j.at("results");
@@ -238,8 +246,9 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   std::vector<ManifestProblem> problems = m.problems;
   if (m.model.empty()) throw_manifest_problems(std::move(problems));  // no model: reported among them
   // A transformer given as its own weights: read as given (its errors name it so), planned canonical.
-  const ModelParts parts{m.model, o.transformer.empty() ? m.transformer : o.transformer,
-                         o.transformer_2.empty() ? m.transformer_2 : o.transformer_2, o.vae.empty() ? m.vae : o.vae};
+  ModelParts parts{m.model, o.transformer.empty() ? m.transformer : o.transformer,
+                   o.transformer_2.empty() ? m.transformer_2 : o.transformer_2, o.vae.empty() ? m.vae : o.vae};
+  parts.fused_loras = o.fused_loras.empty() ? m.fused_loras : o.fused_loras;
   ModelInfo model;
   try {
     model = read_model_info(parts);
@@ -283,6 +292,10 @@ BatchPlan plan_batch(const BatchPlanOptions& o) {
   p.model = {canonical_path(m.model), parts.transformer.empty() ? "" : canonical_path(parts.transformer),
              parts.transformer_2.empty() ? "" : canonical_path(parts.transformer_2),
              parts.vae_file.empty() ? "" : canonical_path(parts.vae_file)};
+  for (LoraSpec l : parts.fused_loras) {
+    l.path = canonical_path(l.path);
+    p.model.fused_loras.push_back(std::move(l));
+  }
   p.sp = m.sp;
   p.cfg_parallel = m.cfg_parallel;
   p.output_dir = canonical_path(m.output_dir);

@@ -124,6 +124,7 @@ struct BatchPlanOptions {
   std::optional<std::string> model, output_dir;  // --model, --output-dir
   std::string transformer, transformer_2;         // --transformer, --transformer-2 ("": the manifest's, else the folder's)
   std::string vae;                                // --vae (likewise)
+  std::vector<LoraSpec> fused_loras;              // --fuse-lora (likewise: the manifest's fuse_loras when none)
   OutputFormatNames formats;                 // the app's
   bool force = false;                        // render jobs done or changed again
   bool dry_run = false;                      // create nothing

@@ -36,7 +36,8 @@ const std::vector<std::string>& job_keys() {
   return keys;
 }
 const std::vector<std::string> kTopKeys = {"model", "output_dir", "defaults", "jobs", "sp", "cfg_parallel", "transformer",
-                                           "transformer_2", "vae", "storage_dtype"};
+                                           "transformer_2", "vae", "storage_dtype",
+                                           "fuse_loras"};
 
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
@@ -392,6 +393,34 @@ bool top_path_key(const std::string& folder, const YAML::Node* top, const char* 
   return true;
 }
 
+// The top-level `fuse_loras`: a list of `[high=|low=]PATH[:STRENGTH]`, each path resolved against
+// the manifest's folder.
+void top_fuse_loras(const std::string& folder, const YAML::Node& top, std::vector<LoraSpec>& out, Problems& problems) {
+  const YAML::Node n = top["fuse_loras"];
+  if (!n) return;
+  YAML::Mark km;
+  for (auto it = top.begin(); it != top.end(); ++it)
+    if (it->first.IsScalar() && it->first.Scalar() == "fuse_loras") km = it->first.Mark();
+  if (!n.IsSequence()) {
+    problems.add(-1, "fuse_loras", str("must be a list of [high=|low=]PATH[:STRENGTH], got ", type_name(n)), km);
+    return;
+  }
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    const std::string what = str("fuse_loras[", i, "]");
+    if (!n[i].IsScalar()) {
+      problems.add(-1, what, str("must be [high=|low=]PATH[:STRENGTH], got ", type_name(n[i])), n[i].Mark());
+      continue;
+    }
+    try {
+      LoraSpec l = parse_lora_spec(n[i].Scalar(), what);
+      l.path = resolve(folder, l.path);
+      out.push_back(std::move(l));
+    } catch (const Error& e) {
+      problems.add(-1, "", e.what(), n[i].Mark());
+    }
+  }
+}
+
 void model_and_output_dir(const std::string& folder, const std::optional<std::string>& model_flag,
                           const std::optional<std::string>& output_dir_flag, const YAML::Node* top,
                           std::string& model, std::string& output_dir, Problems& problems) {
@@ -582,6 +611,8 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
   top_path_key(folder_of(path), &top, "transformer", transformer, problems);
   top_path_key(folder_of(path), &top, "transformer_2", transformer_2, problems);
   top_path_key(folder_of(path), &top, "vae", vae, problems);
+  std::vector<LoraSpec> fused_loras;
+  top_fuse_loras(folder_of(path), top, fused_loras, problems);
   Manifest m = resolve_jobs(path, std::move(raw), defaults, ff, model, output_dir, formats, problems);
   m.sp = top_sp;
   m.cfg_parallel = top_cfg;
@@ -589,6 +620,7 @@ Manifest load_yaml(const std::string& path, const std::string& text, const JobFl
   m.transformer = transformer;
   m.transformer_2 = transformer_2;
   m.vae = vae;
+  m.fused_loras = std::move(fused_loras);
   m.problems = std::move(problems.list);
   return m;
 }

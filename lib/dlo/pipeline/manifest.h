@@ -64,6 +64,9 @@ struct Manifest {
   // The top-level `storage_dtype` (the transformer's Linears, as --storage-dtype; checked by the
   // plan against the compute dtype); "": not given. --storage-dtype wins.
   std::string storage_dtype;
+  // The top-level `fuse_loras` (as --fuse-lora, paths resolved against the manifest's folder);
+  // --fuse-lora wins.
+  std::vector<LoraSpec> fused_loras;
   std::vector<JobSpec> jobs;  // every field resolved; `output` resolved against output_dir
   OutputFormatNames formats;  // the app's output formats it was read with
   // Per job (same index as jobs), per field name (the manifest's keys): where its value came from.

@@ -66,7 +66,8 @@ class BatchWork {
 
 // Every part of the model folder a run reads, checked without loading any block: the
 // transformer(s) (configs against tensors), the text encoder's and the VAE's checkpoint headers,
-// the tokenizer against the text encoder's vocabulary. What load() checks first, for a caller that
+// the tokenizer against the text encoder's vocabulary, the fused LoRAs against their expert. What
+// load() checks first, for a caller that
 // must refuse before it writes anything. Throws dlo::Error naming the part and the file.
 void check_model_parts(const ModelInfo& model);
 

@@ -7,6 +7,7 @@
 #include "dlo/common/error.h"
 #include "dlo/dist/device.h"
 #include "dlo/models/umt5.h"
+#include "dlo/models/wan_lora_fuse.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/models/torch_errors.h"
 #include "dlo/models/wan_vae.h"
@@ -40,7 +41,8 @@ class ModelWork final : public BatchWork {
     const std::vector<std::string> weights = model_.expert_weights();
     for (std::size_t e = 0; e < weights.size(); ++e) {
       experts_.push_back(std::make_unique<WanTransformer>(
-          WanTransformer::load(weights[e], configs[e], o_.dtype, /*load_blocks=*/false, o_.storage)));
+          WanTransformer::load(weights[e], configs[e], o_.dtype, /*load_blocks=*/false, o_.storage,
+                               fused_loras_for(model_.parts.fused_loras, static_cast<int>(e), configs[e]))));
       experts_.back()->to_device(device_);
       runners_.push_back(std::make_unique<WanOffloadRunner>(*experts_.back(), world_.size()));
     }
@@ -151,7 +153,8 @@ void check_model_parts(const ModelInfo& model) {
   const std::vector<WanTransformerConfig> configs = model.expert_configs();
   const std::vector<std::string> weights = model.expert_weights();
   for (std::size_t e = 0; e < weights.size(); ++e)
-    (void)WanTransformer::load(weights[e], configs[e], at::kFloat, /*load_blocks=*/false);
+    (void)WanTransformer::load(weights[e], configs[e], at::kFloat, /*load_blocks=*/false, LinearStorage::kAuto,
+                               fused_loras_for(model.parts.fused_loras, static_cast<int>(e), configs[e]));
   check_other_parts(model);
 }
 
