@@ -159,6 +159,15 @@ MUTANTS=$(cat <<'EOF'
 177|lib/dlo/models/wan_lora.cpp|LoRA scaling: metadata's use_rslora ignored (alpha / r instead of alpha / sqrt(r))|"mod.scaling = rslora ? am / std::sqrt(rm) : am / rm;"|"mod.scaling = am / rm;"
 178|lib/dlo/models/wan_lora.cpp|check_wan_lora: a down of another in-features accepted|"mod.down.size(1) == in && mod.up.size(0) == out"|"mod.up.size(0) == out"
 179|lib/dlo/models/wan_lora.cpp|LoRA metadata without lora_bias: the biases kept (PEFT does not load them)|"if (!flag(\"lora_bias\"))"|"if (false)"
+180|lib/dlo/models/wan_lora_fuse.cpp|fused LoRA: up x down multiplied in the bf16 base dtype (PEFT's CPU merge computes it in fp32)|"const bool in_fp32 = base == at::kBFloat16 \x7c\x7c base == at::kHalf;"|"const bool in_fp32 = false;"
+181|lib/dlo/models/wan_lora_fuse.cpp|fused LoRA: every rank merges the first rows of up, not its own|"up = p.module->up.narrow(0, first_row, n)"|"up = p.module->up.narrow(0, 0, n)"
+182|lib/dlo/models/wan_lora_fuse.cpp|fused LoRA: the strength and scaling not applied to the weight|"at::mm(up, down).mul(p.scaling)"|"at::mm(up, down)"
+183|lib/dlo/models/wan_lora_fuse.cpp|fused LoRA: a diff_b not merged into the bias|"if (m.bias.defined()) by_tensor_"|"if (false) by_tensor_"
+184|lib/dlo/offload/stack_plan.cpp|fused LoRA: a rank's packed range skips the merge (only the resident path merges)|"    if (t.edits) {"|"    if (false) {"
+185|lib/dlo/config/model_info.cpp|fused LoRA: the model identity (so the fingerprint) ignores the fused LoRAs|"add_named(lora_spec_text(tag), l.path);"|"(void)tag;"
+186|lib/dlo/config/model_info.cpp|fused LoRA: high=/low= on a one-transformer model accepted (the LoRA then fuses nowhere)|"DLO_CHECK(l.expert < 0 \x7c\x7c index.transformer_2,"|"DLO_CHECK(true,"
+187|lib/dlo/models/wan_transformer.cpp|fused LoRA: the non-block Linears (proj_out, time_proj, ...) loaded without the merge|"m.dtypes_.keep(name, m.store_.get(name, shape), m.edits_.get())"|"m.dtypes_.keep(name, m.store_.get(name, shape))"
+188|lib/dlo/offload/runner.cpp|fused LoRA: the streamed blocks packed without the merge|"from_scalar_type(d.via(full)), model.edits());"|"from_scalar_type(d.via(full)));"
 EOF
 )
 

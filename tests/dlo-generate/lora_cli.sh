@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# --fuse-lora and the manifest's fuse_loras as a user runs them, on a small random model and a
+# ComfyUI-layout LoRA written here byte by byte (alpha != rank, and a full-weight .diff key that
+# diffusers ignores). The frames' equality with diffusers' fuse_lora is the parity tests'; here:
+#  1. the LoRA changes the frames; 2 ranks with dlo render the 1-rank frames (each rank merged only
+#     its rows); the ignored key is named in a warning;
+#  2. the manifest's fuse_loras (a path beside the manifest) renders the flag's frames; the job
+#     rendered with it, asked again at another strength, is a changed job (the fingerprint covers
+#     the fused set), and so is the same strength from a LoRA file whose bytes changed;
+#  3. bad input, exit 2 before any work, nothing written: a missing file, high= on a model of one
+#     transformer, a two-expert model without high=/low=, a LoRA of another width (file and module
+#     named), a key that matches nothing (named), fuse_loras that is not a list (file and key named).
+#   lora_cli.sh BIN_DIR
+set -euo pipefail
+# shellcheck source=tests/common/cli.sh
+source "$(dirname "$0")/../common/cli.sh" "$1"
+G="$BIN/dlo-generate"
+C="$BIN/dlo-checkpoint"
+"$C" make "$T/m" --preset wan-test --layers 2 --dtype fp32 --seed 5 >/dev/null
+"$C" make "$T/wide" --preset wan-test --layers 2 --dim 48 --heads 2 --dtype fp32 --seed 5 >/dev/null
+"$C" make "$T/ex" --preset wan2.2-a14b-test --layers 2 --dtype fp32 --seed 5 >/dev/null
+# write_lora FILE MODEL [EXTRA_KEY]: a ComfyUI LoRA (rank 4, alpha 2, fp32) on three Linears of
+# every block of MODEL, plus a full-weight delta diffusers ignores; EXTRA_KEY adds a key that maps
+# to nothing.
+write_lora() {
+  python3 - "$@" <<'PY'
+import json, random, struct, sys
+path, model = sys.argv[1], sys.argv[2]
+cfg = json.load(open(f"{model}/transformer/config.json"))
+d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+rnd = random.Random(len(path))
+g = lambda n: [rnd.gauss(0, 0.05) for _ in range(n)]
+t = {}
+for i in range(cfg["num_layers"]):
+    for mod in ("self_attn.q", "cross_attn.v", "ffn.0"):
+        out = cfg["ffn_dim"] if mod == "ffn.0" else d
+        t[f"diffusion_model.blocks.{i}.{mod}.lora_down.weight"] = ([4, d], g(4 * d))
+        t[f"diffusion_model.blocks.{i}.{mod}.lora_up.weight"] = ([out, 4], g(out * 4))
+        t[f"diffusion_model.blocks.{i}.{mod}.alpha"] = ([], [2.0])
+t["diffusion_model.blocks.0.self_attn.k.diff"] = ([d, d], g(d * d))
+if len(sys.argv) > 3:
+    t[sys.argv[3]] = ([4, d], g(4 * d))
+header, blobs, off = {}, [], 0
+for name, (shape, values) in t.items():
+    data = struct.pack(f"<{len(values)}f", *values)
+    header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(data)]}
+    blobs.append(data)
+    off += len(data)
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+}
+write_lora "$T/l.safetensors" "$T/m"
+job=(--prompt "a red ball rolls" --seed 3 --steps 2 --frames 5 --height 32 --width 48 --threads 1 --format png)
+frames() { cat "$1"/*.png | sha256sum | cut -d' ' -f1; }
+
+# 1.
+"$G" --model "$T/m" "${job[@]}" --quiet --out "$T/plain"
+"$G" --model "$T/m" "${job[@]}" --fuse-lora "$T/l.safetensors:0.5" --out "$T/one" 2>"$T/one.log"
+mpirun -np 2 "$G" --model "$T/m" "${job[@]}" --quiet --offload dlo --fuse-lora "$T/l.safetensors:0.5" --out "$T/two"
+[ "$(frames "$T/one")" != "$(frames "$T/plain")" ] || fail "the fused LoRA changed no frame byte"
+[ "$(frames "$T/two")" = "$(frames "$T/one")" ] || fail "2 ranks with dlo render other frames than 1 rank"
+grep -q "warning: the LoRA '$T/l.safetensors' has 1 key(s) diffusers ignores.*blocks.0.self_attn.k.diff" "$T/one.log" \
+  || fail "no warning naming the ignored key: $(cat "$T/one.log")"
+grep -q "with LoRAs fused: $T/l.safetensors:0.5" "$T/one.log" || fail "the job line does not say the fused LoRA"
+echo "1. the LoRA changes the frames; 2 ranks with dlo render 1 rank's; the ignored key named"
+
+# 2.
+cat >"$T/jobs.yaml" <<YAML
+model: m
+fuse_loras: [l.safetensors:0.5]
+defaults: {frames: 5, height: 32, width: 48, steps: 2}
+jobs:
+  - {id: a, prompt: "a red ball rolls", seed: 3}
+YAML
+"$G" --jobs "$T/jobs.yaml" --threads 1 --format png --quiet --output-dir "$T/batch"
+[ "$(frames "$T/batch/a")" = "$(frames "$T/one")" ] || fail "fuse_loras in the manifest: not the flag's frames"
+sed -i 's/^fuse_loras: \[l.safetensors:0.5\]$/fuse_loras: [l.safetensors:0.25]/' "$T/jobs.yaml"
+grep -q ':0.25\]' "$T/jobs.yaml" || fail "could not edit the manifest"
+expect 2 "$T/resume.log" "$G" --jobs "$T/jobs.yaml" --threads 1 --format png --quiet --output-dir "$T/batch"
+grep -q "changed" "$T/resume.log" || fail "another strength is not a changed job: $(cat "$T/resume.log")"
+sed -i 's/:0.25\]$/:0.5]/' "$T/jobs.yaml"
+"$G" --jobs "$T/jobs.yaml" --threads 1 --format png --quiet --output-dir "$T/batch" 2>"$T/same.log"  # unchanged: skipped
+write_lora "$T/l.safetensors" "$T/m" && python3 - "$T/l.safetensors" <<'PY'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) * 3 // 4] ^= 0x40  # a weight's bytes, not the header
+open(p, "wb").write(bytes(b))
+PY
+expect 2 "$T/bytes.log" "$G" --jobs "$T/jobs.yaml" --threads 1 --format png --quiet --output-dir "$T/batch"
+grep -q "changed" "$T/bytes.log" || fail "a LoRA file whose weights changed is not a changed job: $(cat "$T/bytes.log")"
+echo "2. fuse_loras renders the flag's frames; another strength or other LoRA bytes make a changed job"
+
+# 3.
+expect 2 "$T/e1.log" "$G" --model "$T/m" "${job[@]}" --fuse-lora "$T/nope.safetensors" --out "$T/no1"
+grep -q "nope.safetensors': No such file" "$T/e1.log" || fail "$(cat "$T/e1.log")"
+expect 2 "$T/e2.log" "$G" --model "$T/m" "${job[@]}" --fuse-lora "high=$T/l.safetensors" --out "$T/no2"
+grep -q "names an expert (high=/low=), but the model has one transformer" "$T/e2.log" || fail "$(cat "$T/e2.log")"
+expect 2 "$T/e3.log" "$G" --model "$T/ex" "${job[@]}" --fuse-lora "$T/l.safetensors" --out "$T/no3"
+grep -q "the model has two experts; name the one it is for" "$T/e3.log" || fail "$(cat "$T/e3.log")"
+write_lora "$T/w.safetensors" "$T/wide"
+expect 2 "$T/e4.log" "$G" --model "$T/m" "${job[@]}" --fuse-lora "$T/w.safetensors" --out "$T/no4"
+grep -q "w.safetensors.*blocks.0.attn1.to_q" "$T/e4.log" || fail "another width: $(cat "$T/e4.log")"
+write_lora "$T/k.safetensors" "$T/m" "diffusion_model.blocks.0.self_attn.nonesuch.lora_down.weight"
+expect 2 "$T/e5.log" "$G" --model "$T/m" "${job[@]}" --fuse-lora "$T/k.safetensors" --out "$T/no5"
+grep -q "k.safetensors.*self_attn.nonesuch" "$T/e5.log" || fail "a key matching nothing: $(cat "$T/e5.log")"
+sed -i 's/^fuse_loras: .*$/fuse_loras: l.safetensors/' "$T/jobs.yaml"
+expect 2 "$T/e6.log" "$G" --jobs "$T/jobs.yaml" --threads 1 --format png --quiet --output-dir "$T/no6"
+grep -q "jobs.yaml.*fuse_loras.*must be a list" "$T/e6.log" || fail "$(cat "$T/e6.log")"
+for p in no1 no2 no3 no4 no5 no6; do [ ! -e "$T/$p" ] || fail "a refused run wrote $p"; done
+echo "3. missing file, wrong expert selector, another width, an unknown key, a bad manifest key: exit 2, nothing written"
