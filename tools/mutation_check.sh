@@ -5,7 +5,7 @@
 # cpu|mpi, not parity: the cpu label alone must guard the arithmetic), and reports each mutant
 # caught or missed.
 #
-#   tools/mutation_check.sh [--labels 'cpu|mpi'] [--only 1,5,9] [--list] [--keep]
+#   tools/mutation_check.sh [--labels 'cpu|mpi'] [--tests REGEX] [--only 1,5,9] [--list] [--keep]
 #   tools/mutation_check.sh --verify     # only check that every mutant's text occurs once (seconds; CI)
 #
 # Works on a copy of the committed tree (git archive HEAD) under $DLO_MUTATION_DIR (default: a
@@ -18,6 +18,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LABELS='cpu|mpi'
+TESTS=""   # --tests: only the tests whose names match (ctest -R), for a quick look at a few mutants
 ONLY=""
 LIST=0
 KEEP=0
@@ -25,11 +26,12 @@ VERIFY=0
 while (($#)); do
   case "$1" in
     --labels) LABELS=$2; shift 2 ;;
+    --tests) TESTS=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --list) LIST=1; shift ;;
     --keep) KEEP=1; shift ;;
     --verify) VERIFY=1; shift ;;
-    *) echo "usage: tools/mutation_check.sh [--labels 'cpu|mpi'] [--only 1,5,9] [--list] [--keep] [--verify]" >&2; exit 2 ;;
+    *) echo "usage: tools/mutation_check.sh [--labels 'cpu|mpi'] [--tests REGEX] [--only 1,5,9] [--list] [--keep] [--verify]" >&2; exit 2 ;;
   esac
 done
 
@@ -214,7 +216,7 @@ git -C "$ROOT" archive HEAD | tar -x -C "$SRC"
 
 run_tests() {  # $1: log file; returns ctest's status
   # Not the test of this table (every mutant changes its text, so it would "catch" every one).
-  ctest --test-dir "$SRC/build" -L "$LABELS" -E '^mutation check: ' -j2 --timeout 240 >"$1" 2>&1 </dev/null  # mpirun reads stdin
+  ctest --test-dir "$SRC/build" -L "$LABELS" ${TESTS:+-R "$TESTS"} -E '^mutation check: ' -j2 --timeout 240 >"$1" 2>&1 </dev/null  # mpirun reads stdin
 }
 echo "baseline (no mutant): building and running..."
 if ! run_tests "$LOGS/baseline.log"; then
