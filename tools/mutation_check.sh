@@ -170,6 +170,10 @@ MUTANTS=$(cat <<'EOF'
 186|lib/dlo/config/model_info.cpp|fused LoRA: high=/low= on a one-transformer model accepted (the LoRA then fuses nowhere)|"DLO_CHECK(l.expert < 0 \x7c\x7c index.transformer_2,"|"DLO_CHECK(true,"
 187|lib/dlo/models/wan_transformer.cpp|fused LoRA: the non-block Linears (proj_out, time_proj, ...) loaded without the merge|"m.dtypes_.keep(name, m.store_.get(name, shape), m.edits_.get())"|"m.dtypes_.keep(name, m.store_.get(name, shape))"
 188|lib/dlo/offload/runner.cpp|fused LoRA: the streamed blocks packed without the merge|"from_scalar_type(d.via(full)), model.edits());"|"from_scalar_type(d.via(full)));"
+189|lib/dlo/models/wan_transformer.cpp|per-job LoRA: the adapters never applied (the shared weights alone)|"  if (!adapters) return y;"|"  if (true) return y;"
+200|lib/dlo/offload/runner.cpp|per-job LoRA: an SP group's forward drops the job's adapters|"full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states, b.adapters));"|"full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));"
+201|lib/dlo/pipeline/results.cpp|per-job LoRA: the fingerprint ignores the LoRA files' content|"  if (!job.loras.empty()) {\n    ojson files"|"  if (false) {\n    ojson files"
+202|lib/dlo/config/job.cpp|per-job LoRA: a missing file not refused before the batch starts|"            check_regular_file(l.path);"|"            (void)l;"
 EOF
 )
 

@@ -9,7 +9,14 @@
 #     the fused set), and so is the same strength from a LoRA file whose bytes changed;
 #  3. bad input, exit 2 before any work, nothing written: a missing file, high= on a model of one
 #     transformer, a two-expert model without high=/low=, a LoRA of another width (file and module
-#     named), a key that matches nothing (named), fuse_loras that is not a list (file and key named).
+#     named), a key that matches nothing (named), fuse_loras that is not a list (file and key named);
+#  4. per-job unfused LoRAs (the job field loras): a batch at 3 ranks with dlo whose jobs carry
+#     different LoRAs (one two, one none) renders each job's frames as that job rendered alone at 1
+#     rank, and gathers exactly the bytes of the same batch without LoRAs (the adapters stay beside
+#     the shared weights); an SP group of 2 renders a LoRA job's 1-rank frames (every member holds
+#     the job's adapters); a job's LoRA bytes are in its fingerprint;
+#  5. per-job bad input: a missing LoRA file is refused before any work, naming the job and field
+#     (exit 2, nothing written); a LoRA of another width fails its job alone, the others render.
 #   lora_cli.sh BIN_DIR
 set -euo pipefail
 # shellcheck source=tests/common/cli.sh
@@ -109,3 +116,69 @@ expect 2 "$T/e6.log" "$G" --jobs "$T/jobs.yaml" --threads 1 --format png --quiet
 grep -q "jobs.yaml.*fuse_loras.*must be a list" "$T/e6.log" || fail "$(cat "$T/e6.log")"
 for p in no1 no2 no3 no4 no5 no6; do [ ! -e "$T/$p" ] || fail "a refused run wrote $p"; done
 echo "3. missing file, wrong expert selector, another width, an unknown key, a bad manifest key: exit 2, nothing written"
+
+# 4. Per-job unfused LoRAs.
+write_lora "$T/l2.safetensors" "$T/m"
+cp "$T/l.safetensors" "$T/l1.safetensors"
+cat >"$T/per.yaml" <<YAML
+model: m
+defaults: {frames: 5, height: 32, width: 48, steps: 2}
+jobs:
+  - {id: a, prompt: "a red ball rolls", seed: 3, loras: [l1.safetensors:0.5]}
+  - {id: b, prompt: "a blue cube spins", seed: 4, loras: [l2.safetensors:0.3, l1.safetensors:0.2]}
+  - {id: c, prompt: "a green cone", seed: 5}
+YAML
+sed 's/, loras: \[[^]]*\]//' "$T/per.yaml" >"$T/none.yaml"
+grep -q loras "$T/none.yaml" && fail "could not strip the LoRAs"
+mpirun -np 3 "$G" --jobs "$T/per.yaml" --threads 1 --format png --quiet --offload dlo --output-dir "$T/per" --report "$T/per.json"
+mpirun -np 3 "$G" --jobs "$T/none.yaml" --threads 1 --format png --quiet --offload dlo --output-dir "$T/none" --report "$T/none.json"
+single() {  # single OUT PROMPT SEED [LORAS]
+  "$G" --model "$T/m" --prompt "$2" --seed "$3" --steps 2 --frames 5 --height 32 --width 48 --threads 1 --format png \
+    --quiet ${4:+--lora "$4"} --out "$1"
+}
+single "$T/sa" "a red ball rolls" 3 "$T/l1.safetensors:0.5"
+single "$T/sb" "a blue cube spins" 4 "$T/l2.safetensors:0.3, $T/l1.safetensors:0.2"
+single "$T/sc" "a green cone" 5
+for j in a b c; do
+  [ "$(frames "$T/per/$j")" = "$(frames "$T/s$j")" ] || fail "job $j: the batch's frames are not the job's alone"
+done
+[ "$(frames "$T/per/a")" != "$(frames "$T/none/a")" ] || fail "job a's LoRA changed nothing"
+[ "$(frames "$T/per/c")" = "$(frames "$T/none/c")" ] || fail "job c (no LoRA) changed beside LoRA jobs"
+python3 - "$T/per.json" "$T/none.json" <<'PY'
+import json, sys
+per, none = (json.load(open(p)) for p in sys.argv[1:3])
+g = lambda r: sorted((x["rank"], x["bytes_gathered"], x["traversals"]) for x in r["ranks"])
+assert g(per) == g(none), f"gathered bytes with LoRAs {g(per)} vs without {g(none)}"
+assert all(x[1] > 0 for x in g(per)), g(per)
+print(f"4. gathered bytes per rank with per-job LoRAs equal the batch without: {[x[1] for x in g(per)]}")
+PY
+# (64x96: 48 tokens, 24 a rank; fewer than 16 a rank is refused for SP)
+sp=(--prompt "a blue cube spins" --seed 4 --steps 2 --frames 5 --height 64 --width 96 --threads 1 --format png --quiet
+    --lora "$T/l2.safetensors:0.3, $T/l1.safetensors:0.2")
+"$G" --model "$T/m" "${sp[@]}" --out "$T/sp1"
+mpirun -np 2 "$G" --model "$T/m" "${sp[@]}" --sp 2 --out "$T/sp"
+[ "$(frames "$T/sp")" = "$(frames "$T/sp1")" ] || fail "an SP group of 2 renders other frames than 1 rank with the job's LoRAs"
+python3 - "$T/l2.safetensors" <<'PY'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) * 3 // 4] ^= 0x40
+open(p, "wb").write(bytes(b))
+PY
+expect 2 "$T/per2.log" mpirun -np 3 "$G" --jobs "$T/per.yaml" --threads 1 --format png --quiet --offload dlo --output-dir "$T/per"
+grep -q "job 1 (id 'b'): changed" "$T/per2.log" || fail "a job's LoRA bytes are not in its fingerprint: $(cat "$T/per2.log")"
+grep -q "id 'a'" "$T/per2.log" && fail "job a (its LoRA unchanged) reported changed: $(cat "$T/per2.log")"
+echo "4. per-job LoRAs: each job as rendered alone, the same gathers as without, an SP group as 1 rank, the LoRA's bytes in the fingerprint"
+
+# 5. Per-job bad input.
+sed 's/l1.safetensors:0.5/gone.safetensors/' "$T/per.yaml" >"$T/gone.yaml"
+expect 2 "$T/gone.log" mpirun -np 2 "$G" --jobs "$T/gone.yaml" --threads 1 --format png --quiet --output-dir "$T/no7"
+grep -q "gone.yaml:.*job 0 (id 'a'): loras: .*gone.safetensors': No such file" "$T/gone.log" || fail "$(cat "$T/gone.log")"
+[ ! -e "$T/no7" ] || fail "a refused batch wrote its output folder"
+sed 's#l1.safetensors:0.5#w.safetensors#' "$T/per.yaml" >"$T/widej.yaml"
+set +e
+mpirun -np 2 "$G" --jobs "$T/widej.yaml" --threads 1 --format png --quiet --output-dir "$T/wj" >"$T/wj.log" 2>&1
+rc=$?
+set -e
+[ "$rc" != 0 ] || fail "a batch with a failed job exited 0"
+grep -q '"id":"a".*"status":"failed".*w.safetensors.*blocks.0.attn1.to_q' "$T/wj/results.jsonl" || fail "job a: $(cat "$T/wj/results.jsonl")"
+for j in b c; do grep -q "\"id\":\"$j\".*\"status\":\"ok\"" "$T/wj/results.jsonl" || fail "job $j did not render beside the failed one"; done
+echo "5. a missing per-job LoRA refused before any work; a LoRA of another width fails its job alone"

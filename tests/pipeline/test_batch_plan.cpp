@@ -156,13 +156,16 @@ TEST_CASE("the fingerprint: every field that decides the video changes it, the i
   base.output = "/videos/a.mp4";
   const std::string fp = dlo::job_fingerprint(base, info, "model-1", "bf16/fp32");
   CHECK(fp.size() == 16);
+  TempDir d;  // a job's LoRAs are read for the fingerprint (their content is part of it)
+  { std::ofstream(d.file("l.safetensors")) << "a LoRA's bytes"; }
   for (const auto& f : dlo::job_fields()) {
     CAPTURE(f.key);
     dlo::JobSpec changed = base;
     switch (f.type) {
       case dlo::JobFieldType::kText:
         f.set(changed, f.key == "scheduler" ? std::string("euler") : f.key == "format" ? std::string("ffv1")
-                                                                                       : std::string("other"));
+                       : f.key == "loras"   ? d.file("l.safetensors")
+                                            : std::string("other"));
         break;
       case dlo::JobFieldType::kSeed: f.set(changed, std::uint64_t{99}); break;
       case dlo::JobFieldType::kInteger: f.set(changed, std::get<std::int64_t>(*f.get(base)) + 16); break;
@@ -174,6 +177,15 @@ TEST_CASE("the fingerprint: every field that decides the video changes it, the i
   }
   CHECK(dlo::job_fingerprint(base, info, "model-2", "bf16/fp32") != fp);  // other weights
   CHECK(dlo::job_fingerprint(base, info, "model-1", "fp32/fp32") != fp);  // other dtypes
+  // A job's LoRA: its strength and its file's content, not only its path.
+  dlo::JobSpec lora = base;
+  lora.loras = d.file("l.safetensors");
+  const std::string with = dlo::job_fingerprint(lora, info, "model-1", "bf16/fp32");
+  lora.loras = d.file("l.safetensors") + ":0.5";
+  CHECK(dlo::job_fingerprint(lora, info, "model-1", "bf16/fp32") != with);
+  lora.loras = d.file("l.safetensors");
+  { std::ofstream(d.file("l.safetensors")) << "other bytes"; }
+  CHECK(dlo::job_fingerprint(lora, info, "model-1", "bf16/fp32") != with);
 }
 
 TEST_CASE("the fingerprint says what a video is, not where: a job whose output moved is rendered at its new place") {

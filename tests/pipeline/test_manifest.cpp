@@ -10,6 +10,7 @@
 #include "common/formats.h"
 #include "common/test_util.h"
 #include "dlo/common/error.h"
+#include "dlo/common/file.h"
 #include "common/model_folder.h"
 #include "dlo/pipeline/manifest.h"
 
@@ -596,6 +597,9 @@ TEST_CASE("precedence for every field the table lets all three set: the job's va
       std::string p;
       auto x = dlo::parse_job_field(f, s, kVideoFormats, &p);
       REQUIRE_MESSAGE(x, p);
+      // LoRA paths come back absolute: beside the manifest, or (from a flag) from the working
+      // folder (load's: the manifest's folder here), with the strength written out.
+      if (f.key == "loras") return dlo::JobFieldValue(dlo::canonical_path(d.file(s)) + ":1");
       return *x;
     };
     const std::string jobs = "jobs:\n  - {id: own, prompt: x, " + f.key + ": " + yaml(v[2]) + "}\n  - {id: other, prompt: y}\n";

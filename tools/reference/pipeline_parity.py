@@ -23,7 +23,9 @@ written by WanPipeline.save_pretrained in 30 KB shards (--save-dtype: the transf
 in order) writes a LoRA file of KIND for the folder's transformer (wan_lora_parity.py's: peft_meta,
 peft_plain, comfy, comfy_ab, musubi) and fuses it on both sides: diffusers' load_lora_weights (into
 transformer_2 for low=), set_adapters(names, strengths), fuse_lora(), before any layerwise casting;
-dlo-generate --fuse-lora FILE:STRENGTH. A case then also checks that the LoRAs change the frames.
+dlo-generate --fuse-lora FILE:STRENGTH. --lora likewise, unfused: diffusers' adapters loaded and
+set, not fused (PEFT's unfused forward); dlo's job field `loras` (--lora "A:S, B:T"). A case then
+also checks that the LoRAs change the frames.
 
   pipeline_parity.py --bin build/bin --cases fp32-unipc-cfg,fp32-euler-nocfg
 """
@@ -92,15 +94,16 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args, storag
     else:
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=flow_shift)
     pipe.set_progress_bar_config(disable=True)
-    if args.fuse_lora and storage:
+    if args.lora_files and storage:
         names, strengths = [], []
         for i, (expert, path, strength) in enumerate(args.lora_files):
             pipe.load_lora_weights(path, adapter_name=f"l{i}", load_into_transformer_2=expert == "low")
             names.append(f"l{i}")
             strengths.append(strength)
         pipe.set_adapters(names, adapter_weights=strengths)
-        parts = ["transformer"] + (["transformer_2"] if getattr(pipe, "transformer_2", None) is not None else [])
-        pipe.fuse_lora(components=parts)
+        if args.fuse_lora:
+            parts = ["transformer"] + (["transformer_2"] if getattr(pipe, "transformer_2", None) is not None else [])
+            pipe.fuse_lora(components=parts)
     if args.storage_dtype and storage:
         # diffusers' layerwise casting: the blocks' Linears kept in the storage dtype, cast to the
         # compute dtype just before each forward (loaded in the compute dtype first, as its docs do).
@@ -172,8 +175,12 @@ def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
         cmd += ["--boundary-ratio", str(args.boundary_ratio)]
     if args.storage_dtype:
         cmd += ["--storage-dtype", args.storage_dtype]
-    for expert, path, strength in args.lora_files:
-        cmd += ["--fuse-lora", f"{expert + '=' if expert else ''}{path}:{strength!r}"]
+    specs = [f"{expert + '=' if expert else ''}{path}:{strength!r}" for expert, path, strength in args.lora_files]
+    if args.fuse_lora:
+        for spec in specs:
+            cmd += ["--fuse-lora", spec]
+    elif specs:
+        cmd += ["--lora", ", ".join(specs)]
     if args.ranks > 1:
         cmd = ["mpirun", "-np", str(args.ranks)] + cmd
     t0 = time.perf_counter()
@@ -219,6 +226,8 @@ def main():
     ap.add_argument("--fuse-lora", action="append", default=[],
                     help="[high=|low=]KIND[:STRENGTH]: a LoRA written for the folder (KIND as wan_lora_parity.py "
                          "writes them), fused on both sides")
+    ap.add_argument("--lora", action="append", default=[],
+                    help="as --fuse-lora, unfused: diffusers' adapters loaded and set, not fused; dlo's job field loras")
     ap.add_argument("--bf16-max-diff", type=int, default=255, help="largest allowed byte difference in bf16 cases")
     ap.add_argument("--json", help="write the per-case results here")
     args = ap.parse_args()
@@ -258,7 +267,8 @@ def main():
                                     "--shard-size", "40KB"], check=True, stdout=subprocess.DEVNULL)
             print(f"transformer(s) converted to fp8 files by dlo-checkpoint convert: {sorted(os.listdir(os.path.join(conv, 'transformer')))[:3]} ...")
             model = conv
-        args.lora_files = write_loras(model, tmp, args.fuse_lora, args.seed) if args.fuse_lora else []
+        assert not (args.fuse_lora and args.lora), "--fuse-lora or --lora, not both"
+        args.lora_files = write_loras(model, tmp, args.fuse_lora or args.lora, args.seed)
         for case in args.cases.split(","):
             dtype, scheduler, cfg = case.split("-")
             guidance = args.guidance if cfg == "cfg" else 1.0
@@ -268,16 +278,16 @@ def main():
                 print(f"{case}: FAIL shapes differ: dlo {ours.shape} vs diffusers {ref.shape}")
                 failed = True
                 continue
-            if args.fuse_lora:
+            if args.lora_files:
                 # Equality means something only if the LoRAs change the frames.
                 plain, _ = diffusers_frames(model, dtype, scheduler, args.flow_shift, guidance, args, storage=False)
                 changed = float((plain != ref).mean())
-                print(f"{case}: the fused LoRAs change {changed:.4f} of diffusers' frame bytes")
+                print(f"{case}: the LoRAs change {changed:.4f} of diffusers' frame bytes")
                 if changed == 0:
                     print(f"{case}: FAIL the LoRAs change nothing here")
                     failed = True
                     continue
-            if args.storage_dtype and not args.fp8_file and not args.fuse_lora:
+            if args.storage_dtype and not args.fp8_file and not args.lora_files:
                 # Equality means something only if the storage dtype changes the frames.
                 plain, _ = diffusers_frames(model, dtype, scheduler, args.flow_shift, guidance, args, storage=False)
                 changed = float((plain != ref).mean())

@@ -186,6 +186,22 @@ std::vector<JobField> make_table() {
        [](const JobSpec& j, const ModelInfo& m) {
          return std::optional<JobFieldValue>(std::string(noise_scheduler_name(job_scheduler_config(j, m).kind)));
        }});
+  add({"loras", "lora", JobFieldType::kText, JobFieldEffect::kFrames, kAll, true,
+       "LoRAs applied to this job alone, unfused, beside the shared weights: [high=|low=]PATH[:STRENGTH], separated by "
+       "commas (a manifest may give a list)", "none", "each entry PATH[:STRENGTH], a regular file; high=/low= as the model has experts",
+       {}, false,
+       [](const JobSpec& j) { return j.loras.empty() ? std::nullopt : std::optional<JobFieldValue>(j.loras); },
+       [](JobSpec& j, const JobFieldValue& v) { j.loras = std::get<std::string>(v); },
+       text_check([](const std::string& s) -> std::string {
+         try {
+           (void)parse_lora_list(s, "loras");
+         } catch (const Error& e) {
+           const std::string m = e.what();
+           return m.rfind("loras: ", 0) == 0 ? m.substr(7) : m;
+         }
+         return "";
+       }),
+       {}});
   add({"flow_shift", "flow-shift", JobFieldType::kNumber, JobFieldEffect::kFrames, kAll, true,
        "flow shift (default: the model folder's; Wan suggests 3 for 480p, 5 for 720p)", "the model folder's",
        "finite, > 0", {}, false,
@@ -497,6 +513,21 @@ std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, 
       if (patches > tc.rope_max_seq_len)
         e.push_back({f.key, str(px, " makes ", patches, " latent patches across, more than the transformer's RoPE covers "
                                 "(rope_max_seq_len ", tc.rope_max_seq_len, "): at most ", tc.rope_max_seq_len * m)});
+    } else if (f.key == "loras") {
+      for (const LoraSpec& l : parse_lora_list(job.loras, "loras")) {
+        const std::string text = lora_spec_text(l);
+        if (l.expert >= 0 && !info.two_experts())
+          e.push_back({"loras", str("'", text, "' names an expert (high=/low=), but the model has one transformer")});
+        else if (l.expert < 0 && info.two_experts())
+          e.push_back({"loras", str("'", text, "': the model has two experts; name the one it is for: high=PATH "
+                                    "(transformer/, the high-noise steps) or low=PATH (transformer_2/)")});
+        else
+          try {
+            check_regular_file(l.path);
+          } catch (const Error& err) {
+            e.push_back({"loras", err.what()});
+          }
+      }
     } else if (f.key == "frames") {
       const std::int64_t n = job.frames;
       if ((n - 1) % tf != 0) {

@@ -52,6 +52,8 @@ struct JobSpec {
   std::string preset = "medium";
   std::string output;                            // a file, or a folder (a format's choice)
   std::string save_latents;                      // "": none; else a .safetensors path
+  // Unfused LoRAs applied to this job alone (parse_lora_list: "A.safetensors:0.8, low=B"; "": none).
+  std::string loras;
 
   bool guided() const { return guidance > 1.0; }
 };

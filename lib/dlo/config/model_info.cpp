@@ -175,6 +175,35 @@ std::string lora_spec_text(const LoraSpec& s) {
   return str(s.expert == 0 ? "high=" : s.expert == 1 ? "low=" : "", s.path, ":", strength);
 }
 
+std::vector<LoraSpec> parse_lora_list(const std::string& text, const std::string& what) {
+  std::vector<LoraSpec> out;
+  if (text.find_first_not_of(" \t") == std::string::npos) return out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    std::string entry = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const auto first = entry.find_first_not_of(" \t"), last = entry.find_last_not_of(" \t");
+    entry = first == std::string::npos ? std::string() : entry.substr(first, last - first + 1);
+    DLO_CHECK(!entry.empty(), what, ": an empty entry in '", text, "' (write PATH[:STRENGTH], separated by commas)");
+    out.push_back(parse_lora_spec(entry, what));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string lora_list_text(const std::vector<LoraSpec>& specs) {
+  std::string s;
+  for (const auto& l : specs) s += str(s.empty() ? "" : ", ", lora_spec_text(l));
+  return s;
+}
+
+std::string file_identity(const std::string& path) {
+  Sha256 h;
+  hash_file(h, path);
+  return h.hex_digest().substr(0, 16);
+}
+
 std::string model_identity(const ModelParts& parts) {
   const std::string& dir = parts.dir;
   return with_context(str("model folder '", dir, "'"), [&] {

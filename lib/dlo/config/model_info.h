@@ -31,6 +31,13 @@ struct LoraSpec {
 LoraSpec parse_lora_spec(const std::string& text, const std::string& what);
 // The spec written back in that form (the strength to 17 digits: it reads back the same).
 std::string lora_spec_text(const LoraSpec& s);
+// A list of specs written "A:0.8, low=B" (the job field `loras`: entries split at commas, blanks
+// around them dropped; "" is none). Throws dlo::Error naming `what` for an empty entry.
+std::vector<LoraSpec> parse_lora_list(const std::string& text, const std::string& what);
+std::string lora_list_text(const std::vector<LoraSpec>& specs);
+// What a file holds, as 16 hex digits (model_identity's reading of one file: a checkpoint's header
+// and samples of its data). Throws dlo::Error naming the file.
+std::string file_identity(const std::string& path);
 
 // Where a model's parts are: a diffusers model folder's sub-folders, except a transformer given
 // as its own weights (--transformer FILE: a single .safetensors file, an index, or a folder of

@@ -60,6 +60,30 @@ std::shared_ptr<const FusedLoras> fused_loras_for(const std::vector<LoraSpec>& s
   return with_context(str("--fuse-lora"), [&] { return std::make_shared<const FusedLoras>(std::move(loras), c); });
 }
 
+std::shared_ptr<const WanAdapters> wan_job_adapters(const std::vector<LoraSpec>& specs, int expert,
+                                                    const WanTransformerConfig& c, at::ScalarType compute,
+                                                    at::Device device) {
+  auto out = std::make_shared<WanAdapters>();
+  for (const auto& s : specs) {
+    if (s.expert >= 0 && s.expert != expert) continue;
+    with_context(str("the LoRA '", lora_spec_text(s), "'"), [&] {
+      const LoraFile f = read_wan_lora(s.path);
+      check_wan_lora(f, c);
+      for (const auto& [module, m] : f.modules) {
+        const at::ScalarType base = wan_weight_dtype(module + ".weight", compute);
+        LinearAdapter a;
+        a.down = m.down.to(device, base);
+        a.up = m.up.to(device, base);
+        if (m.bias.defined()) a.bias = m.bias.to(device, base);
+        a.scaling = s.strength * m.scaling;
+        out->modules[module].push_back(std::move(a));
+      }
+    });
+  }
+  if (out->modules.empty()) return nullptr;
+  return out;
+}
+
 std::vector<std::string> lora_ignored_notes(const std::vector<LoraSpec>& specs) {
   std::vector<std::string> notes;
   for (const auto& s : specs) {

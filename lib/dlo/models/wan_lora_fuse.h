@@ -21,6 +21,7 @@
 #include "dlo/config/wan_transformer_config.h"
 #include "dlo/models/tensor_edits.h"
 #include "dlo/models/wan_lora.h"
+#include "dlo/models/wan_transformer.h"
 
 namespace dlo {
 
@@ -57,6 +58,15 @@ class FusedLoras final : public TensorEdits {
 // config `c`, in order; null when none applies. Throws dlo::Error naming the file.
 std::shared_ptr<const FusedLoras> fused_loras_for(const std::vector<LoraSpec>& specs, int expert,
                                                   const WanTransformerConfig& c);
+// A job's unfused LoRAs (the job field `loras`) on expert `expert` of config `c`: each file of
+// `specs` that applies to it read (read_wan_lora) and checked (check_wan_lora), in order, its
+// adapters on `device` in the dtype PEFT moves them to (that of the weight they adapt:
+// wan_weight_dtype, so `compute` or fp32), with scaling = strength x the module's own; null when
+// none applies. Throws dlo::Error naming the file.
+std::shared_ptr<const WanAdapters> wan_job_adapters(const std::vector<LoraSpec>& specs, int expert,
+                                                    const WanTransformerConfig& c, at::ScalarType compute,
+                                                    at::Device device);
+
 // For the app to print: per LoRA of `specs` whose file has keys diffusers ignores (full-weight
 // .diff deltas and the like), a line naming the file and the first few keys. Throws as
 // read_wan_lora.

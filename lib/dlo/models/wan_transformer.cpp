@@ -171,11 +171,26 @@ WanDtypes resolve_wan_dtypes(LinearStorage storage, at::ScalarType compute, cons
   return d;
 }
 
-WanBlockWeights WanBlockWeights::bind(const std::vector<at::Tensor>& t, const WanTransformerConfig& c) {
+const std::vector<LinearAdapter>* WanAdapters::of(const std::string& name) const {
+  const auto it = modules.find(name);
+  return it == modules.end() ? nullptr : &it->second;
+}
+
+std::uint64_t WanAdapters::bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& [name, list] : modules)
+    for (const auto& a : list)
+      for (const at::Tensor* t : {&a.down, &a.up, &a.bias})
+        if (t->defined()) n += static_cast<std::uint64_t>(t->numel() * t->element_size());
+  return n;
+}
+
+WanBlockWeights WanBlockWeights::bind(const std::vector<at::Tensor>& t, const WanTransformerConfig& c, std::int64_t index) {
   const std::size_t expected = wan_block_tensor_names(c).size();
   DLO_ASSERT(t.size() == expected || t.size() == expected + 10, "block has ", t.size(), " tensors, expected ", expected,
              " (or ", expected + 10, " with the scales of a scaled fp8 file)");
   WanBlockWeights w;
+  w.index = index;
   std::size_t i = 0;
   for (at::Tensor* dst : {&w.q1_w, &w.q1_b, &w.k1_w, &w.k1_b, &w.v1_w, &w.v1_b, &w.o1_w, &w.o1_b, &w.norm_q1,
                           &w.norm_k1, &w.q2_w, &w.q2_b, &w.k2_w, &w.k2_b, &w.v2_w, &w.v2_b, &w.o2_w, &w.o2_b,
@@ -200,10 +215,29 @@ namespace {
 // The one place a weight kept narrower than the compute dtype (WanDtypes) is cast to it: on the
 // device, just before its matmul, as diffusers' layerwise casting's pre_forward does; a scaled fp8
 // weight is then multiplied by its scale in the compute dtype (ComfyUI's dequantisation).
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& scale = {}) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& scale = {},
+                  const std::vector<LinearAdapter>* adapters = nullptr) {
   const auto dt = x.scalar_type();
   const at::Tensor weight = scale.defined() ? as_dtype(w, dt) * scale.to(dt) : as_dtype(w, dt);
-  return at::linear(x, weight, as_dtype(b, dt));
+  at::Tensor y = at::linear(x, weight, as_dtype(b, dt));
+  if (!adapters) return y;
+  // PEFT's unfused LoRA forward (wan_transformer.h: LinearAdapter), op for op.
+  const auto result_dtype = y.scalar_type();
+  at::Tensor xa = x;
+  for (const LinearAdapter& a : *adapters) {
+    xa = as_dtype(xa, a.down.scalar_type());
+    y = y + at::linear(at::linear(xa, a.down), a.up, a.bias) * a.scaling;
+  }
+  return y.to(result_dtype);
+}
+
+// The job's adapters of module `module` of block w ("attn1.to_q"), or nullptr.
+const std::vector<LinearAdapter>* adapters_of(const WanForwardState& s, const WanBlockWeights& w, const char* module) {
+  if (!s.adapters || s.adapters->modules.empty()) return nullptr;
+  return s.adapters->of(str("blocks.", w.index, ".", module));
+}
+const std::vector<LinearAdapter>* adapters_of(const WanForwardState& s, const char* module) {
+  return s.adapters ? s.adapters->of(module) : nullptr;
 }
 
 // diffusers' FP32LayerNorm: layer_norm in fp32, result cast back to the input's dtype.
@@ -256,9 +290,9 @@ at::Tensor cross_attention(const at::Tensor& x, const WanForwardState& s, const 
                            const WanTransformerConfig& c) {
   const at::Tensor& ctx = s.context;
   const auto D = c.dim();
-  at::Tensor q = linear(x, w.q2_w, w.q2_b, w.q2_s);
-  at::Tensor k = linear(ctx, w.k2_w, w.k2_b, w.k2_s);
-  at::Tensor v = linear(ctx, w.v2_w, w.v2_b, w.v2_s);
+  at::Tensor q = linear(x, w.q2_w, w.q2_b, w.q2_s, adapters_of(s, w, "attn2.to_q"));
+  at::Tensor k = linear(ctx, w.k2_w, w.k2_b, w.k2_s, adapters_of(s, w, "attn2.to_k"));
+  at::Tensor v = linear(ctx, w.v2_w, w.v2_b, w.v2_s, adapters_of(s, w, "attn2.to_v"));
   // torch.nn.RMSNorm over the whole D (across heads).
   q = at::rms_norm(q, {D}, as_dtype(w.norm_q2, q.scalar_type()), c.eps);
   k = at::rms_norm(k, {D}, as_dtype(w.norm_k2, k.scalar_type()), c.eps);
@@ -271,7 +305,7 @@ at::Tensor cross_attention(const at::Tensor& x, const WanForwardState& s, const 
                                                   v.permute({0, 2, 1, 3}));
   o = o.permute({0, 2, 1, 3});
   if (whole) o = rows_of(o, s);
-  return linear(o.flatten(2, 3).to(q.scalar_type()), w.o2_w, w.o2_b, w.o2_s);
+  return linear(o.flatten(2, 3).to(q.scalar_type()), w.o2_w, w.o2_b, w.o2_s, adapters_of(s, w, "attn2.to_out.0"));
 }
 
 // diffusers' get_timestep_embedding(flip_sin_to_cos=True, downscale_freq_shift=0, scale=1), fp32.
@@ -315,9 +349,9 @@ WanSelfAttnInputs wan_block_self_attn_inputs(const WanBlockWeights& w, const Wan
   const at::Tensor n =
       (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + mod.scale_msa) + mod.shift_msa).to(dt);
   const auto D = c.dim();
-  at::Tensor q = linear(n, w.q1_w, w.q1_b, w.q1_s);
-  at::Tensor k = linear(n, w.k1_w, w.k1_b, w.k1_s);
-  at::Tensor v = linear(n, w.v1_w, w.v1_b, w.v1_s);
+  at::Tensor q = linear(n, w.q1_w, w.q1_b, w.q1_s, adapters_of(s, w, "attn1.to_q"));
+  at::Tensor k = linear(n, w.k1_w, w.k1_b, w.k1_s, adapters_of(s, w, "attn1.to_k"));
+  at::Tensor v = linear(n, w.v1_w, w.v1_b, w.v1_s, adapters_of(s, w, "attn1.to_v"));
   // torch.nn.RMSNorm over the whole D (across heads): needs every head of a token.
   q = at::rms_norm(q, {D}, as_dtype(w.norm_q1, q.scalar_type()), c.eps).unflatten(2, {c.num_attention_heads, -1});
   k = at::rms_norm(k, {D}, as_dtype(w.norm_k1, k.scalar_type()), c.eps).unflatten(2, {c.num_attention_heads, -1});
@@ -339,7 +373,7 @@ at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, 
   const at::Tensor none;
 
   // 1. (continued) Self-attention's output projection, gated residual in fp32.
-  at::Tensor a = linear(attn.flatten(2, 3).to(dt), w.o1_w, w.o1_b, w.o1_s);
+  at::Tensor a = linear(attn.flatten(2, 3).to(dt), w.o1_w, w.o1_b, w.o1_s, adapters_of(s, w, "attn1.to_out.0"));
   h = (h.to(at::kFloat) + a * gate_msa).to(dt);
 
   // 2. Cross-attention on the text context, plain residual in the compute dtype.
@@ -349,7 +383,8 @@ at::Tensor wan_block_finish(const WanBlockWeights& w, const WanForwardState& s, 
 
   // 3. Feed-forward (GELU tanh), gated residual in fp32.
   n = (fp32_layer_norm(h.to(at::kFloat), none, none, c.eps) * (1 + c_scale) + c_shift).to(dt);
-  at::Tensor f = linear(ffn_gelu(linear(n, w.ffn0_w, w.ffn0_b, w.ffn0_s), s), w.ffn2_w, w.ffn2_b, w.ffn2_s);
+  at::Tensor f = linear(ffn_gelu(linear(n, w.ffn0_w, w.ffn0_b, w.ffn0_s, adapters_of(s, w, "ffn.net.0.proj")), s),
+                        w.ffn2_w, w.ffn2_b, w.ffn2_s, adapters_of(s, w, "ffn.net.2"));
   return (h.to(at::kFloat) + f.to(at::kFloat) * c_gate).to(dt);
 }
 
@@ -446,7 +481,7 @@ WanTransformer WanTransformer::load(const std::string& weights, const WanTransfo
           const std::string full = "blocks." + std::to_string(i) + "." + n;
           t.push_back(wan_scaled_weight_of(full) ? m.dtypes_.keep(full, m.store_.get(full)) : get(full, shape_of.at(full)));
         }
-        m.blocks_.push_back(WanBlockWeights::bind(t, c));
+        m.blocks_.push_back(WanBlockWeights::bind(t, c, i));
       }
     }
     // RoPE tables, as diffusers' WanRotaryPosEmbed builds its buffers.
@@ -494,11 +529,12 @@ void WanTransformer::check_inputs(const at::Tensor& x_in, const at::Tensor& time
 }
 
 WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& timestep,
-                                      const at::Tensor& context_in) const {
+                                      const at::Tensor& context_in, std::shared_ptr<const WanAdapters> adapters) const {
   const auto& c = config_;
   const auto& p = c.patch_size;
   check_inputs(x_in, timestep, context_in);
   WanForwardState s;
+  s.adapters = std::move(adapters);
   s.batch = x_in.size(0);
   s.frames = x_in.size(2) / p[0];
   s.height = x_in.size(3) / p[1];
@@ -532,10 +568,13 @@ WanForwardState WanTransformer::begin(const at::Tensor& x_in, const at::Tensor& 
   at::Tensor ts = timestep_embedding(tsteps.flatten(), c.freq_dim);
   if (per_token) ts = ts.unflatten(0, {s.batch, -1});
   ts = ts.to(g.time1_w.scalar_type());
-  at::Tensor temb = at::linear(at::silu(at::linear(ts, g.time1_w, g.time1_b)), g.time2_w, g.time2_b);
+  at::Tensor temb = linear(at::silu(linear(ts, g.time1_w, g.time1_b, {}, adapters_of(s, "condition_embedder.time_embedder.linear_1"))),
+                           g.time2_w, g.time2_b, {}, adapters_of(s, "condition_embedder.time_embedder.linear_2"));
   s.temb = temb.to(dt);
-  s.tproj = linear(at::silu(s.temb), g.time_proj_w, g.time_proj_b).unflatten(per_token ? 2 : 1, {6, -1});
-  s.context = linear(at::gelu(linear(context, g.text1_w, g.text1_b), "tanh"), g.text2_w, g.text2_b);
+  s.tproj = linear(at::silu(s.temb), g.time_proj_w, g.time_proj_b, {}, adapters_of(s, "condition_embedder.time_proj"))
+                .unflatten(per_token ? 2 : 1, {6, -1});
+  s.context = linear(at::gelu(linear(context, g.text1_w, g.text1_b, {}, adapters_of(s, "condition_embedder.text_embedder.linear_1")), "tanh"),
+                     g.text2_w, g.text2_b, {}, adapters_of(s, "condition_embedder.text_embedder.linear_2"));
   return s;
 }
 
@@ -564,7 +603,7 @@ at::Tensor WanTransformer::end(const WanForwardState& s) const {
   if (s.temb.dim() == 3)
     for (auto& v : ss) v = v.squeeze(2);
   at::Tensor h = (fp32_layer_norm(s.h.to(at::kFloat), {}, {}, c.eps) * (1 + ss[1]) + ss[0]).to(dt);
-  h = linear(h, global_.proj_out_w, global_.proj_out_b);
+  h = linear(h, global_.proj_out_w, global_.proj_out_b, {}, adapters_of(s, "proj_out"));
   h = h.reshape({s.batch, s.frames, s.height, s.width, p[0], p[1], p[2], -1}).permute({0, 7, 1, 4, 2, 5, 3, 6});
   return h.flatten(6, 7).flatten(4, 5).flatten(2, 3);
 }

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,7 +95,27 @@ std::vector<std::string> wan_block_names(const WanTransformerConfig& c, const Wa
 // file.
 WanDtypes resolve_wan_dtypes(LinearStorage storage, at::ScalarType compute, const Checkpoint& ck, const std::string& what);
 
+// ---- A job's unfused LoRAs (--lora, the job field `loras`) --------------------------------------
+// Applied beside a Linear as PEFT's unfused forward does (peft/tuners/lora/layer.py, Linear.forward):
+//   y = base(x); for each adapter in order: x = x.to(down's dtype); y = y + up(down(x)) * scaling
+//   (up's bias, a diff_b, inside up(...)); then y.to(base's result dtype).
+// Adapters are kept in the dtype PEFT moves them to: the adapted weight's (the compute dtype, fp32
+// for diffusers' fp32 modules). The shared weights are untouched: ranks rendering jobs with other
+// LoRAs, or none, join the same gathers.
+struct LinearAdapter {
+  at::Tensor down, up, bias;  // [r, in], [out, r], [out] or undefined
+  double scaling = 1.0;       // the strength times the module's own (PEFT's scaling)
+};
+// One job's adapters on one transformer, by module name ("blocks.3.attn1.to_q", "proj_out", ...).
+struct WanAdapters {
+  std::map<std::string, std::vector<LinearAdapter>> modules;
+  // Module `name`'s adapters in order, or nullptr.
+  const std::vector<LinearAdapter>* of(const std::string& name) const;
+  std::uint64_t bytes() const;
+};
+
 struct WanBlockWeights {
+  std::int64_t index = -1;  // the block's place in the stack: a job's adapters are found by it
   at::Tensor q1_w, q1_b, k1_w, k1_b, v1_w, v1_b, o1_w, o1_b, norm_q1, norm_k1;
   at::Tensor q2_w, q2_b, k2_w, k2_b, v2_w, v2_b, o2_w, o2_b, norm_q2, norm_k2;
   at::Tensor norm2_w, norm2_b;  // undefined when !cross_attn_norm
@@ -104,8 +125,8 @@ struct WanBlockWeights {
   // otherwise.
   at::Tensor q1_s, k1_s, v1_s, o1_s, q2_s, k2_s, v2_s, o2_s, ffn0_s, ffn2_s;
 
-  // Binds tensors given in wan_block_names() order (no copies).
-  static WanBlockWeights bind(const std::vector<at::Tensor>& tensors, const WanTransformerConfig& c);
+  // Binds tensors given in wan_block_names() order (no copies) as block `index`.
+  static WanBlockWeights bind(const std::vector<at::Tensor>& tensors, const WanTransformerConfig& c, std::int64_t index = -1);
 };
 
 struct WanGlobalWeights {
@@ -128,6 +149,8 @@ struct WanForwardState {
   // The rows of h are the whole's tokens [first_row, first_row + L) of frames * height * width
   // (a sequence-parallel share: wan_state_rows).
   std::int64_t first_row = 0;
+  // The job's unfused LoRAs on this transformer (begin()'s), or null.
+  std::shared_ptr<const WanAdapters> adapters;
   std::int64_t tokens() const { return frames * height * width; }
   bool is_share() const { return h.size(1) != tokens(); }
 };
@@ -215,8 +238,10 @@ class WanTransformer {
   // dlo::Error naming the input.
   void check_inputs(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const;
   // Validates inputs (check_inputs) and computes embeddings and RoPE tables.
-  // x: [B, C_in, F, H, W]; timestep: [B] or [B, L]; context: [B, S, text_dim].
-  WanForwardState begin(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context) const;
+  // x: [B, C_in, F, H, W]; timestep: [B] or [B, L]; context: [B, S, text_dim]. `adapters`: the
+  // job's unfused LoRAs, applied in this forward (the state carries them to the blocks and end()).
+  WanForwardState begin(const at::Tensor& x, const at::Tensor& timestep, const at::Tensor& context,
+                        std::shared_ptr<const WanAdapters> adapters = nullptr) const;
   // Output head and unpatchify: [B, C_out, F, H, W] in the compute dtype.
   at::Tensor end(const WanForwardState& s) const;
   // The whole forward with the resident block weights (load_blocks must have been true).

@@ -107,14 +107,15 @@ std::vector<at::Tensor> WanOffloadRunner::forward(const std::vector<WanBranchInp
   const auto& c = model_.config();
   std::vector<WanForwardState> states;
   try {
-    for (const auto& b : branches) states.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
+    for (const auto& b : branches)
+      states.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states, b.adapters));
   } catch (const std::exception& e) {
     ghost(pass);  // the other ranks are in this pass's gathers: join them without computing
     throw BlockComputeError(str("the transformer's input embeddings: ", describe_exception(e)));
   }
   traverse([&](std::int64_t i, const std::vector<at::Tensor>& w) {
     if (before_block) before_block(i);
-    const WanBlockWeights bw = WanBlockWeights::bind(w, c);
+    const WanBlockWeights bw = WanBlockWeights::bind(w, c, i);
     for (auto& s : states) {
       s.h = wan_block_forward(bw, s, s.h, c);
       token_rows_ += s.h.size(1);
@@ -192,7 +193,8 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const ExchangeGroup& gro
   std::string failure = inputs_failed;  // this rank's; the group agrees on failures before and after the blocks
   if (failure.empty()) {
     try {
-      for (const auto& b : branches) full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));
+      for (const auto& b : branches)
+        full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states, b.adapters));
       DLO_CHECK(!full.empty(), "no branch to compute");
       heads = Partition::even(c.num_attention_heads, group.size(), "sequence parallelism over the attention heads");
       tokens = Partition::even(full[0].h.size(1), group.size(), "sequence parallelism over the tokens");
@@ -232,7 +234,7 @@ std::vector<at::Tensor> WanOffloadRunner::forward_group(const ExchangeGroup& gro
     if (failure.empty()) {
       try {
         if (before_block) before_block(i);
-        const WanBlockWeights bw = WanBlockWeights::bind(w, c);
+        const WanBlockWeights bw = WanBlockWeights::bind(w, c, i);
         for (auto& s : rows) {
           const WanBlockModulation mod = wan_block_modulation(bw, s);
           const WanSelfAttnInputs in = wan_block_self_attn_inputs(bw, s, mod, s.h, c);

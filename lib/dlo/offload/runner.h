@@ -21,10 +21,12 @@ class MpiWorld;
 class Collective;
 class ExchangeGroup;
 class WanTransformer;
+struct WanAdapters;
 
 // One branch of a Wan forward: latents, timestep and text context of one request.
 struct WanBranchInputs {
   at::Tensor hidden_states, timestep, encoder_hidden_states;
+  std::shared_ptr<const WanAdapters> adapters{};  // the job's unfused LoRAs on this transformer, or null
 };
 
 // A model's block stack with its plan, collective and engine: what every runner shares.

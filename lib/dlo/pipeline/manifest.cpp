@@ -108,6 +108,17 @@ std::optional<Value> parse_value(const JobField& f, const YAML::Node& node, cons
   const char* want = is_text ? "a string" : f.type == JobFieldType::kNumber ? "a number" : "an integer";
   if (node.IsNull()) return bad(str("has no value (", is_text ? "write \"\" for an empty string; " : "",
                                     "expected ", want, ")"));
+  if (f.key == "loras" && node.IsSequence()) {  // a list: the field's text is its entries joined by commas
+    std::string joined;
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      if (!node[i].IsScalar()) return bad(str("must be a list of [high=|low=]PATH[:STRENGTH], got ", type_name(node[i])));
+      joined += str(i ? ", " : "", node[i].Scalar());
+    }
+    std::string problem;
+    auto v = parse_job_field(f, joined, formats, &problem);
+    if (!v) return bad(problem);
+    return Value{*v, source_at(kind, key_mark)};
+  }
   if (!node.IsScalar()) return bad(str("must be ", want, ", got ", type_name(node)));
   const std::string& text = node.Scalar();  // text fields: as written (`no`, `1.5` and `~x` are text)
   if (!is_text) {
@@ -230,6 +241,8 @@ struct RawJob {
   bool usable = true;  // false: not a job at all (a list, nothing)
 };
 
+std::string folder_of(const std::string& path);
+
 Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fields& defaults, const Fields& flags,
                       std::string model, std::string output_dir, const OutputFormatNames& formats, Problems& problems) {
   Manifest m;
@@ -306,6 +319,17 @@ Manifest resolve_jobs(const std::string& path, std::vector<RawJob> raw, const Fi
       f.set(job, v->v);
     }
     if (job.format.empty() && !formats.empty()) job.format = formats.front().name;
+    if (!job.loras.empty()) {
+      // LoRA paths as given: beside the manifest (from it), or from the working folder (flags).
+      try {
+        std::vector<LoraSpec> loras = parse_lora_list(job.loras, "loras");
+        for (LoraSpec& l : loras)
+          l.path = canonical_path(src["loras"].kind == ManifestFieldSource::kFlag ? l.path : resolve(folder_of(path), l.path));
+        job.loras = lora_list_text(loras);
+      } catch (const Error&) {
+        // Reported by the field's own check.
+      }
+    }
     job.id = ids[i];
     if (!src.count("seed")) job.seed = default_seed_for_id(job.id);
     const OutputFormatName* fmt = find_format(formats, job.format);

@@ -25,7 +25,14 @@ std::string job_fingerprint(const JobSpec& job, const ModelInfo& model, const st
   // the output folder.
   ojson fields = ojson::parse(job_output_fields_json(job, model));
   fields.erase("output");
-  const ojson j = {{"fingerprint_version", 3}, {"job", fields}, {"dtypes", dtypes}, {"model", model_identity}};
+  ojson j = {{"fingerprint_version", 3}, {"job", fields}, {"dtypes", dtypes}, {"model", model_identity}};
+  // A job's own LoRAs by content too (the field gives their paths): only where it has some, so
+  // other jobs' fingerprints stay what they were.
+  if (!job.loras.empty()) {
+    ojson files = ojson::array();
+    for (const LoraSpec& l : parse_lora_list(job.loras, "loras")) files.push_back(file_identity(l.path));
+    j["lora_files"] = files;
+  }
   const std::string text = j.dump();
   return sha256_hex(text.data(), text.size()).substr(0, 16);
 }

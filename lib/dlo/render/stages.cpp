@@ -13,6 +13,7 @@
 #include "dlo/io/safetensors_writer.h"
 #include "dlo/models/tensor_view.h"
 #include "dlo/models/torch_errors.h"
+#include "dlo/models/wan_lora_fuse.h"
 #include "dlo/models/wan_vae.h"
 #include "dlo/offload/engine.h"
 #include "dlo/offload/runner.h"
@@ -112,6 +113,13 @@ void prepare_job(JobRun& run, const PromptEncoder& text, const ModelInfo& model,
     if (job.guided()) run.negative_context = text.encode(job.negative_prompt).to(device, dtype);
   });
   prepare_schedule(run, model);
+  if (!job.loras.empty())
+    with_context(str("job '", job.id, "': its LoRAs"), [&] {
+      const std::vector<LoraSpec> loras = parse_lora_list(job.loras, "loras");
+      const std::vector<WanTransformerConfig> configs = model.expert_configs();
+      for (std::size_t e = 0; e < configs.size(); ++e)
+        run.adapters.push_back(wan_job_adapters(loras, static_cast<int>(e), configs[e], dtype, device));
+    });
   run.latents = initial_latents(model.latent_shape(job.frames, job.height, job.width), job.seed).to(device);
 }
 
@@ -140,8 +148,10 @@ void denoise_step(WanOffloadRunner& runner, JobRun& run, at::ScalarType dtype, c
     } else {
       t = t.expand({x.size(0)});
     }
-    branches.push_back({x, t, run.context});
-    if (job.guided()) branches.push_back({x, t, run.negative_context});
+    const std::size_t expert = static_cast<std::size_t>(run.expert());
+    const std::shared_ptr<const WanAdapters> adapters = expert < run.adapters.size() ? run.adapters[expert] : nullptr;
+    branches.push_back({x, t, run.context, adapters});
+    if (job.guided()) branches.push_back({x, t, run.negative_context, adapters});
   } catch (const std::exception& e) {
     inputs_failed = str("the step's inputs: ", describe_exception(e));
     if (groups.group == nullptr) {

@@ -17,12 +17,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include "dlo/config/job.h"
 #include "dlo/diffusion/noise_scheduler.h"
+#include "dlo/models/wan_transformer.h"
 #include "dlo/pipeline/batch_plan.h"
 #include "dlo/pipeline/results.h"
 
@@ -62,6 +64,9 @@ struct JobRun {
   double guidance_2 = 0;
   // Wan2.2 TI2V (expand_timesteps): the step's timestep given per token, [B, L]. Set by prepare_job.
   bool per_token_timesteps = false;
+  // The job's unfused LoRAs (JobSpec::loras) per expert, on the job's device; null where none
+  // applies. Set by prepare_job.
+  std::vector<std::shared_ptr<const WanAdapters>> adapters;
 
   // A run of `job` on `rank`; the result carries the job's id, index, output, parameters and
   // fingerprint.
