@@ -21,7 +21,10 @@ For each: `dlo-checkpoint lora FILE --out X --list --preset P` must write exactl
 tensors (names, dtypes, shapes, bytes), print as ignored exactly the keys planted for diffusers to
 ignore, and list for every module the scaling PEFT's module.scaling[adapter] holds after
 pipe.load_lora_weights(FILE) on a transformer of that config (for a two-expert preset, also with
-load_into_transformer_2=True on transformer_2). Exit 1 on a difference.
+load_into_transformer_2=True on transformer_2). Files diffusers raises on (an alpha outside the
+blocks, no block keys, head.head.diff without its diff_b, a text embedder's lone .diff, a key matching
+nothing, k_img without v_img, dora_scale in the ComfyUI layout, a musubi module without alpha, factors
+of two ranks) must make dlo-checkpoint lora exit 2. Exit 1 on a difference.
 
   wan_lora_parity.py --bin build/bin [--preset wan2.2-a14b-test]
 """
@@ -139,6 +142,39 @@ def write_musubi(tmp, shapes, layers, g):
     return {"musubi.safetensors": []}
 
 
+def write_refused(tmp, shapes, g):
+    """Files dlo refuses because diffusers raises on them (in lora_state_dict or load_lora_weights)."""
+    def comfy(module, r=2, alpha=None, diff=None):
+        o, n = shapes[diff] if diff else (4, 4)
+        sd = {f"diffusion_model.{module}.lora_down.weight": torch.randn(r, n, generator=g),
+              f"diffusion_model.{module}.lora_up.weight": torch.randn(o, r, generator=g)}
+        if alpha is not None:
+            sd[f"diffusion_model.{module}.alpha"] = torch.tensor(float(alpha))
+        return sd
+    ok = comfy("blocks.0.self_attn.q", alpha=1.0, diff="blocks.0.attn1.to_q")
+    o, n = shapes["proj_out"]
+    musubi = {"lora_unet_blocks_0_ffn_0.lora_down.weight": torch.randn(2, 24, generator=g),
+              "lora_unet_blocks_0_ffn_0.lora_up.weight": torch.randn(32, 2, generator=g)}
+    q = shapes["blocks.0.attn1.to_q"]
+    cases = {
+        "alpha on head.head": {**ok, **comfy("head.head", alpha=1.0, diff="proj_out")},
+        "no block keys": comfy("head.head", diff="proj_out"),
+        "head.head.diff without diff_b": {**ok, "diffusion_model.head.head.diff": torch.randn(o, n, generator=g)},
+        "text_embedding.0.diff alone": {**ok, "diffusion_model.text_embedding.0.diff": torch.randn(24, 16, generator=g)},
+        "a key matching nothing": {**ok, **comfy("blocks.0.norm3")},
+        "k_img without v_img": {**ok, **comfy("blocks.0.cross_attn.k_img")},
+        "dora_scale (ComfyUI layout)": {**ok, "diffusion_model.blocks.0.self_attn.q.dora_scale": torch.ones(1, q[1])},
+        "musubi without alpha": musubi,
+        "down and up of other ranks": {"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.randn(4, q[1], generator=g),
+                                       "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.randn(q[0], 3, generator=g)},
+    }
+    paths = {}
+    for i, (why, sd) in enumerate(cases.items()):
+        paths[why] = os.path.join(tmp, f"refused_{i}.safetensors")
+        save_file(sd, paths[why])
+    return paths
+
+
 def dlo_lora(args, path, out):
     run = subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "lora", path, "--out", out, "--list", "--preset",
                           args.preset], capture_output=True, text=True)
@@ -211,6 +247,20 @@ def main():
             for b in bad[:10]:
                 print("   ", b)
             failures += bad
+        # Where diffusers raises, dlo refuses (exit 2).
+        for why, path in write_refused(tmp, shapes, g).items():
+            try:
+                t = WanTransformer3DModel.from_pretrained(os.path.join(model, "transformer"), torch_dtype=torch.bfloat16)
+                pipe_for(t).load_lora_weights(path, adapter_name="x")
+                raised = "no"
+            except Exception as e:  # noqa: BLE001 - any exception is diffusers refusing the file
+                raised = type(e).__name__
+            run = subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "lora", path, "--preset", args.preset],
+                                 capture_output=True, text=True)
+            verdict = "both refuse" if raised != "no" and run.returncode == 2 else "DIFFERENT"
+            print(f"refused, {why}: diffusers raises {raised}, dlo exits {run.returncode}: {verdict}")
+            if verdict != "both refuse":
+                failures.append(f"{why}: {run.stderr.strip()}")
     print("ok" if not failures else f"FAILED: {len(failures)} difference(s)")
     return 1 if failures else 0
 

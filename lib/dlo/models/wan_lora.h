@@ -3,10 +3,15 @@
 // layouts users have:
 //   diffusers/PEFT   `transformer.blocks.N.attn1.to_q.lora_A.weight`, `.lora_B.weight`, `.lora_B.bias`,
 //                    with diffusers' `lora_adapter_metadata` (the LoraConfig) where diffusers wrote it;
-//   ComfyUI/Kijai    `diffusion_model.blocks.N.self_attn.q.lora_down|lora_up|lora_A|lora_B.weight`,
-//   (lightx2v,       `.alpha`, `.diff_b`, `head.head.diff` (as diffusers' _convert_non_diffusers_wan_lora_to_diffusers);
-//    Lightning)
-//   musubi-tuner     `lora_unet_blocks_N_self_attn_q.lora_down.weight`, `.lora_up.weight`, `.alpha`.
+//   ComfyUI/Kijai    `diffusion_model.blocks.N.self_attn.q.lora_down|lora_up|lora_A|lora_B.weight`, `.alpha`,
+//                    `.diff_b`, `head.head.diff` (also lightx2v's and Wan2.2-Lightning's files), as diffusers'
+//                    _convert_non_diffusers_wan_lora_to_diffusers reads them;
+//   musubi-tuner     `lora_unet_blocks_N_self_attn_q.lora_down.weight`, `.lora_up.weight`, `.alpha`
+//                    (_convert_musubi_wan_lora_to_diffusers).
+// Where dlo differs from diffusers it refuses what diffusers would load wrongly or not at all, and
+// reads two things diffusers fails on later: a diff_b on some modules only (the others get no bias;
+// diffusers' PEFT leaves their bias on the meta device), and a musubi file with only some modules
+// (diffusers wants every module of blocks 0..n-1).
 // Module names map through the one name table (config/wan_tensor_names.h). Reading is separate
 // from applying: the fused merge and the per-job adapters take a LoraFile.
 #pragma once
