@@ -652,8 +652,8 @@ TEST_CASE("lightx2v schedule: names, overrides (it makes a UniPC folder euler) a
         NoiseSchedulerKind::kFlowEuler);
   // The default schedule changes nothing.
   CHECK(unipc.with_overrides(std::nullopt, std::nullopt, NoiseSchedule::kDefault).kind == NoiseSchedulerKind::kUniPC);
-  CHECK(contains(error_of([&] { unipc.with_overrides(NoiseSchedulerKind::kUniPC, std::nullopt, NoiseSchedule::kLightx2v); }),
-                 "schedule 'lightx2v' samples with euler, not unipc"));
+  const auto clash = unipc.with_overrides(NoiseSchedulerKind::kUniPC, std::nullopt, NoiseSchedule::kLightx2v);
+  CHECK(contains(error_of([&] { clash.validate(); }), "schedule 'lightx2v' samples with euler, not unipc"));
   NoiseSchedulerConfig bad;
   bad.schedule = NoiseSchedule::kLightx2v;
   CHECK(contains(error_of([&] { make_noise_scheduler(bad); }), "schedule 'lightx2v' samples with euler, not unipc"));

@@ -258,11 +258,7 @@ void NoiseSchedulerConfig::validate() const {
 NoiseSchedulerConfig NoiseSchedulerConfig::with_overrides(std::optional<NoiseSchedulerKind> new_kind,
                                                           std::optional<double> new_shift,
                                                           std::optional<NoiseSchedule> new_schedule) const {
-  if (new_schedule && *new_schedule != NoiseSchedule::kDefault) {
-    DLO_CHECK(!new_kind || *new_kind == NoiseSchedulerKind::kFlowEuler, "schedule '", noise_schedule_name(*new_schedule),
-              "' samples with euler, not ", noise_scheduler_name(*new_kind));
-    new_kind = NoiseSchedulerKind::kFlowEuler;
-  }
+  if (new_schedule && *new_schedule != NoiseSchedule::kDefault && !new_kind) new_kind = NoiseSchedulerKind::kFlowEuler;
   if (new_shift)
     DLO_CHECK(std::isfinite(*new_shift) && *new_shift > 0, "--flow-shift ", *new_shift,
               ": must be a positive number");

@@ -73,8 +73,8 @@ struct NoiseSchedulerConfig {
   // diffusers' FlowMatchEulerDiscreteScheduler.from_config(unipc_config, shift=...) gives).
   // Switching to unipc gives the Wan2.1 UniPC config (wan-spec 3.6) with num_train_timesteps kept
   // and flow_shift = the override, else this config's shift. A schedule other than kDefault
-  // samples with Euler: without a kind it switches a UniPC config to euler as above. Throws
-  // dlo::Error for a shift that is not finite and > 0, or kind unipc with such a schedule.
+  // samples with Euler: without a kind it switches a UniPC config to euler as above (with kind
+  // unipc the result fails validate()). Throws dlo::Error for a shift that is not finite and > 0.
   NoiseSchedulerConfig with_overrides(std::optional<NoiseSchedulerKind> kind, std::optional<double> flow_shift,
                                       std::optional<NoiseSchedule> schedule = std::nullopt) const;
 
