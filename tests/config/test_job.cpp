@@ -281,7 +281,7 @@ TEST_CASE("the parameters recorded with a video are the fields marked so, with t
   CHECK(j["model"] == "m");
 }
 
-TEST_CASE("schedule: lightx2v makes the folder's UniPC euler, is in the fingerprint and the parameters; the default is not") {
+TEST_CASE("schedule: lightx2v makes the folder's UniPC euler, is in the fingerprint and the parameters, the default is not") {
   const dlo::ModelInfo info = tiny_model();
   dlo::JobSpec job;
   job.format = "mp4";
