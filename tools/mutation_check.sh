@@ -174,6 +174,13 @@ MUTANTS=$(cat <<'EOF'
 200|lib/dlo/offload/runner.cpp|per-job LoRA: an SP group's forward drops the job's adapters|"full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states, b.adapters));"|"full.push_back(model_.begin(b.hidden_states, b.timestep, b.encoder_hidden_states));"
 201|lib/dlo/pipeline/results.cpp|per-job LoRA: the fingerprint ignores the LoRA files' content|"  if (!job.loras.empty()) {\n    ojson files"|"  if (false) {\n    ojson files"
 202|lib/dlo/config/job.cpp|per-job LoRA: a missing file not refused before the batch starts|"            check_regular_file(l.path);"|"            (void)l;"
+190|lib/dlo/diffusion/flow_euler.cpp|schedule lightx2v: the sigmas not shifted|"sigmas = at::div(at::mul(s, shift), at::add(at::mul(s, shift - 1.0), 1));"|"sigmas = s;"
+191|lib/dlo/diffusion/flow_euler.cpp|schedule lightx2v: the grid ends at 0 instead of 1/steps (linspace(N, 0, steps))|"numpy_linspace(nd, 0.0, steps + 1).slice(0, 0, steps)"|"numpy_linspace(nd, 0.0, steps)"
+192|lib/dlo/config/noise_scheduler_config.cpp|schedule lightx2v leaves a UniPC folder on unipc|"&& !new_kind) new_kind = NoiseSchedulerKind::kFlowEuler;"|"&& false) new_kind = NoiseSchedulerKind::kFlowEuler;"
+193|lib/dlo/config/noise_scheduler_config.cpp|a schedule beside unipc passes the scheduler's own check|"DLO_CHECK(schedule == NoiseSchedule::kDefault \x7c\x7c kind == NoiseSchedulerKind::kFlowEuler"|"DLO_CHECK(true"
+194|lib/dlo/config/job.cpp|the schedule left out of the fingerprint and the metadata|"if (j.schedule.value_or(NoiseSchedule::kDefault) == NoiseSchedule::kDefault) return std::nullopt;"|"return std::nullopt;"
+195|lib/dlo/config/job.cpp|schedule lightx2v beside scheduler unipc not refused at the job|"*job.schedule != NoiseSchedule::kDefault && job.scheduler == NoiseSchedulerKind::kUniPC"|"false"
+196|lib/dlo/config/job.cpp|the job's schedule not passed to its noise scheduler|"with_overrides(job.scheduler, job.flow_shift, job.schedule)"|"with_overrides(job.scheduler, job.flow_shift)"
 EOF
 )
 

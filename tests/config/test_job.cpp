@@ -269,9 +269,11 @@ TEST_CASE("the parameters recorded with a video are the fields marked so, with t
   std::vector<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.push_back(k);
   std::vector<std::string> want;  // in the table's order, then the model and dlo's version
-  // (a one-expert model: no guidance_2, no boundary_ratio; a job without LoRAs: no loras)
+  // (a one-expert model: no guidance_2, no boundary_ratio; a job without LoRAs: no loras; the default
+  // schedule: no schedule)
   for (const auto& f : dlo::job_fields())
-    if (f.in_parameters && f.key != "guidance_2" && f.key != "boundary_ratio" && f.key != "loras") want.push_back(f.key);
+    if (f.in_parameters && f.key != "guidance_2" && f.key != "boundary_ratio" && f.key != "loras" && f.key != "schedule")
+      want.push_back(f.key);
   want.push_back("model");
   want.push_back("dlo_version");
   CHECK(keys == want);
@@ -279,6 +281,38 @@ TEST_CASE("the parameters recorded with a video are the fields marked so, with t
   CHECK(j["scheduler"] == "unipc");
   CHECK(j["flow_shift"] == 3.0);
   CHECK(j["model"] == "m");
+}
+
+TEST_CASE("schedule: lightx2v makes the folder's UniPC euler, is in the fingerprint and the parameters, the default is not") {
+  const dlo::ModelInfo info = tiny_model();
+  dlo::JobSpec job;
+  job.format = "mp4";
+  const std::string plain = dlo::job_output_fields_json(job, info);
+  job.schedule = dlo::NoiseSchedule::kDefault;  // written out: the same job, the same fingerprint fields
+  CHECK(dlo::job_output_fields_json(job, info) == plain);
+  CHECK(!nlohmann::ordered_json::parse(plain).contains("schedule"));
+  job.schedule = dlo::NoiseSchedule::kLightx2v;
+  const auto fields = nlohmann::ordered_json::parse(dlo::job_output_fields_json(job, info));
+  CHECK(fields["schedule"] == "lightx2v");
+  CHECK(fields["scheduler"] == "euler");
+  CHECK(fields["flow_shift"] == 3.0);  // the folder's
+  const auto params = nlohmann::ordered_json::parse(dlo::job_parameters_json(job, info));
+  CHECK(params["schedule"] == "lightx2v");
+  CHECK(dlo::job_parameters_text(job, info).find("scheduler euler (flow shift 3, schedule lightx2v)") != std::string::npos);
+  const auto schedule_errors = [&] {
+    std::vector<dlo::FieldError> out;
+    for (const auto& fe : dlo::validate_job(job, info, kVideoFormats))
+      if (fe.field == "schedule") out.push_back(fe);
+    return out;
+  };
+  CHECK(schedule_errors().empty());
+  job.scheduler = dlo::NoiseSchedulerKind::kFlowEuler;
+  CHECK(schedule_errors().empty());
+  job.scheduler = dlo::NoiseSchedulerKind::kUniPC;
+  const auto e = schedule_errors();
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].with_job);
+  CHECK(e[0].message.find("'lightx2v' samples with euler") != std::string::npos);
 }
 
 TEST_CASE("two experts (Wan2.2 A14B): guidance_2 and boundary_ratio, their effective values, refused for one expert") {

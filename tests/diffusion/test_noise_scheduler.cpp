@@ -578,3 +578,83 @@ TEST_CASE("misuse: steps < 1, step before set_timesteps or past the end, mismatc
   bad.solver_type = "bh3";
   CHECK(contains(error_of([&] { make_noise_scheduler(bad); }), "solver_type is 'bh3'"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The lightx2v schedule (docs/distilled.md).
+
+TEST_CASE("lightx2v schedule: 4 steps at shift 5 are LightX2V's denoising_step_list [1000, 750, 500, 250]") {
+  // LightX2V's WanStepDistillScheduler: sigma = 5s / (1 + 4s) at s = step / 1000, by hand:
+  // 5 / 5 = 1, 3.75 / 4 = 0.9375, 2.5 / 3 (float32 0.8333333134651184), 1.25 / 2 = 0.625; then 0.
+  NoiseSchedulerConfig c;
+  c.kind = NoiseSchedulerKind::kFlowEuler;
+  c.flow_shift = 5.0;
+  c.schedule = NoiseSchedule::kLightx2v;
+  auto s = make_noise_scheduler(c);
+  s->set_timesteps(4);
+  REQUIRE(s->sigmas().numel() == 5);
+  CHECK(dtype_name(s->sigmas()) == "Float");
+  CHECK(dtype_name(s->timesteps()) == "Float");
+  const double sig[] = {1.0, 0.9375, static_cast<double>(2.5f / 3.0f), 0.625, 0.0};
+  const double ts[] = {1000.0, 937.5, static_cast<double>((2.5f / 3.0f) * 1000.0f), 625.0};
+  for (int i = 0; i < 5; ++i) CHECK(s->sigmas()[i].item<double>() == sig[i]);
+  for (int i = 0; i < 4; ++i) CHECK(s->timesteps()[i].item<double>() == ts[i]);
+  CHECK(s->timesteps()[2].item<double>() == 833.3333129882812);
+  // Euler to 0: x + (sigma_next - sigma) v, by hand on a constant v.
+  at::Tensor x = at::ones({1, 2, 1, 2, 2});
+  at::Tensor v = at::full({1, 2, 1, 2, 2}, 2.0);
+  for (int i = 0; i < 4; ++i) x = s->step(v, x);
+  CHECK(at::allclose(x, at::full({1, 2, 1, 2, 2}, 1.0 - 2.0)));  // sum of the steps: (0 - 1) * 2
+}
+
+TEST_CASE("lightx2v schedule: other step counts and shifts are shift(1 - i/steps), in float32") {
+  for (double shift : {1.0, 3.0, 5.0, 8.0}) {
+    for (std::int64_t n : {1, 2, 3, 8, 50}) {
+      CAPTURE(shift);
+      CAPTURE(n);
+      NoiseSchedulerConfig c;
+      c.kind = NoiseSchedulerKind::kFlowEuler;
+      c.flow_shift = shift;
+      c.schedule = NoiseSchedule::kLightx2v;
+      auto s = make_noise_scheduler(c);
+      s->set_timesteps(n);
+      REQUIRE(s->sigmas().numel() == n + 1);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double u = 1.0 - static_cast<double>(i) / static_cast<double>(n);
+        const double sg = shift * u / (1 + (shift - 1) * u);
+        CHECK(std::fabs(s->sigmas()[i].item<double>() - sg) <= 1e-6 * sg);
+      }
+      CHECK(s->sigmas()[0].item<double>() == 1.0);
+      CHECK(s->sigmas()[n].item<double>() == 0.0);
+    }
+  }
+  // The default schedule is not this one (diffusers shifts its sigma_min twice): 4 steps differ.
+  NoiseSchedulerConfig c;
+  c.kind = NoiseSchedulerKind::kFlowEuler;
+  c.flow_shift = 5.0;
+  auto d = make_noise_scheduler(c);
+  d->set_timesteps(4);
+  CHECK(std::fabs(d->sigmas()[3].item<double>() - 0.625) > 0.5);
+}
+
+TEST_CASE("lightx2v schedule: names, overrides (it makes a UniPC folder euler) and refusals") {
+  CHECK(parse_noise_schedule("lightx2v") == NoiseSchedule::kLightx2v);
+  CHECK(parse_noise_schedule("default") == NoiseSchedule::kDefault);
+  CHECK(std::string(noise_schedule_name(NoiseSchedule::kLightx2v)) == "lightx2v");
+  CHECK(std::string(noise_schedule_name(NoiseSchedule::kDefault)) == "default");
+  CHECK(error_of([] { parse_noise_schedule("lightning"); }) == "unknown schedule 'lightning' (default, lightx2v)");
+  const NoiseSchedulerConfig unipc;  // the Wan2.1 folder's
+  auto e = unipc.with_overrides(std::nullopt, 5.0, NoiseSchedule::kLightx2v);
+  CHECK(e.kind == NoiseSchedulerKind::kFlowEuler);
+  CHECK(e.flow_shift == 5.0);
+  CHECK(e.schedule == NoiseSchedule::kLightx2v);
+  CHECK(unipc.with_overrides(std::nullopt, std::nullopt, NoiseSchedule::kLightx2v).flow_shift == 3.0);
+  CHECK(unipc.with_overrides(NoiseSchedulerKind::kFlowEuler, std::nullopt, NoiseSchedule::kLightx2v).kind ==
+        NoiseSchedulerKind::kFlowEuler);
+  // The default schedule changes nothing.
+  CHECK(unipc.with_overrides(std::nullopt, std::nullopt, NoiseSchedule::kDefault).kind == NoiseSchedulerKind::kUniPC);
+  const auto clash = unipc.with_overrides(NoiseSchedulerKind::kUniPC, std::nullopt, NoiseSchedule::kLightx2v);
+  CHECK(contains(error_of([&] { clash.validate(); }), "schedule 'lightx2v' samples with euler, not unipc"));
+  NoiseSchedulerConfig bad;
+  bad.schedule = NoiseSchedule::kLightx2v;
+  CHECK(contains(error_of([&] { make_noise_scheduler(bad); }), "schedule 'lightx2v' samples with euler, not unipc"));
+}

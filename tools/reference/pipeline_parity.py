@@ -26,6 +26,11 @@ transformer_2 for low=), set_adapters(names, strengths), fuse_lora(), before any
 dlo-generate --fuse-lora FILE:STRENGTH. --lora likewise, unfused: diffusers' adapters loaded and
 set, not fused (PEFT's unfused forward); dlo's job field `loras` (--lora "A:S, B:T"). A case then
 also checks that the LoRAs change the frames.
+--schedule lightx2v (euler cases) gives WanPipeline's FlowMatchEulerDiscreteScheduler the sigmas of
+lightx2v's distilled models, set_timesteps(sigmas=float32(1 - i/steps)) (diffusers shifts them), and
+dlo-generate --schedule lightx2v; the script first checks those timesteps against Wan2.2-Lightning's
+EulerScheduler and, at 4 steps, LightX2V's WanStepDistillScheduler (lightx2v_schedules below), and a
+case also checks that the schedule changes the frames.
 
   pipeline_parity.py --bin build/bin --cases fp32-unipc-cfg,fp32-euler-nocfg
 """
@@ -47,6 +52,34 @@ from parity_common import DTYPES
 PROMPT = "A fox walks through fresh snow at dawn, cinematic, 4k"
 NEGATIVE = "blurry, low quality, static"
 STORAGE = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def lightx2v_schedules(steps, shift):
+    """The timesteps of lightx2v's samplers, written from their sources (no lightx2v package here):
+    {"lightning": [...], "lightx2v": [...] (4 steps only)}, float32 tensors.
+
+    Wan2.2-Lightning (github.com/ModelTC/Wan2.2-Lightning 92efeb4, wan/utils/fm_solvers_euler.py,
+    EulerScheduler.set_timesteps + set_shift): t = np.linspace(1000, 0, steps + 1, float32); sigmas =
+    t / 1000 shifted by shift * s / (1 + (shift - 1) * s); timesteps = sigmas * 1000, the last (0) dropped
+    (wan/text2video.py: sample_scheduler.timesteps[:-1]).
+    LightX2V (github.com/ModelTC/LightX2V f8aee98, lightx2v/models/schedulers/wan/step_distill/
+    scheduler.py, WanStepDistillScheduler.set_denoising_timesteps): sigmas = torch.linspace(1, 0, 1001)[:-1],
+    shifted alike, timesteps = sigmas * 1000, taken at 1000 - t for t in denoising_step_list [1000, 750, 500,
+    250] (configs/distill/wan21/wan_t2v_distill_lora_4step_cfg.json)."""
+    t = torch.from_numpy(np.linspace(1000, 0, steps + 1, dtype=np.float32))
+    sg = t / 1000
+    sg = shift * sg / (1 + (shift - 1) * sg)
+    out = {"lightning": (sg * 1000)[:-1]}
+    if steps == 4:
+        sg = torch.linspace(1.0, 0.0, 1001)[:-1]
+        sg = shift * sg / (1 + (shift - 1) * sg)
+        out["lightx2v"] = (sg * 1000)[[1000 - x for x in [1000, 750, 500, 250]]]
+    return out
+
+
+def lightx2v_sigmas(steps):
+    """The unshifted sigmas diffusers' set_timesteps(sigmas=...) takes for the lightx2v schedule."""
+    return (np.linspace(1000, 0, steps + 1, dtype=np.float32)[:-1] / np.float32(1000)).tolist()
 
 
 def make_model(bin_dir, out, seed, make_args, two_experts=False, ti2v=False):
@@ -83,7 +116,7 @@ def diffusers_init_folder(made, out, seed, save_dtype):
     print(f"initialised by diffusers/transformers, written by WanPipeline.save_pretrained: shards {shards}")
 
 
-def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args, storage=True):
+def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args, storage=True, schedule=None):
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline
 
     torch.set_num_threads(args.threads)
@@ -93,6 +126,12 @@ def diffusers_frames(model, dtype, scheduler, flow_shift, guidance, args, storag
         pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=flow_shift)
     else:
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=flow_shift)
+    if (args.schedule if schedule is None else schedule) == "lightx2v":
+        # WanPipeline calls set_timesteps(steps, device=...) and passes no sigmas: give it them.
+        assert scheduler == "euler", "the lightx2v schedule samples with euler"
+        plain_set = pipe.scheduler.set_timesteps
+        pipe.scheduler.set_timesteps = lambda n=None, device=None, **kw: plain_set(
+            device=device, sigmas=lightx2v_sigmas(n))
     pipe.set_progress_bar_config(disable=True)
     if args.lora_files and storage:
         names, strengths = [], []
@@ -173,6 +212,8 @@ def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
         cmd += ["--guidance-2", str(args.guidance_2)]
     if args.boundary_ratio is not None:
         cmd += ["--boundary-ratio", str(args.boundary_ratio)]
+    if args.schedule != "default":
+        cmd += ["--schedule", args.schedule]
     if args.storage_dtype:
         cmd += ["--storage-dtype", args.storage_dtype]
     specs = [f"{expert + '=' if expert else ''}{path}:{strength!r}" for expert, path, strength in args.lora_files]
@@ -228,12 +269,24 @@ def main():
                          "writes them), fused on both sides")
     ap.add_argument("--lora", action="append", default=[],
                     help="as --fuse-lora, unfused: diffusers' adapters loaded and set, not fused; dlo's job field loras")
+    ap.add_argument("--schedule", default="default", choices=["default", "lightx2v"],
+                    help="the steps' sigmas (euler cases): lightx2v passes set_timesteps(sigmas=...) to diffusers")
     ap.add_argument("--bf16-max-diff", type=int, default=255, help="largest allowed byte difference in bf16 cases")
     ap.add_argument("--json", help="write the per-case results here")
     args = ap.parse_args()
 
     failed = False
     results = []
+    if args.schedule == "lightx2v":
+        # The sigmas given to diffusers make the timesteps of lightx2v's own samplers, bit for bit.
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        d = FlowMatchEulerDiscreteScheduler(shift=args.flow_shift)
+        d.set_timesteps(sigmas=lightx2v_sigmas(args.steps))
+        for name, ts in lightx2v_schedules(args.steps, args.flow_shift).items():
+            same = torch.equal(d.timesteps, ts)
+            print(f"lightx2v schedule: diffusers' timesteps {d.timesteps.tolist()} {'equal' if same else 'DIFFER from'} "
+                  f"{name}'s {ts.tolist()}")
+            failed |= not same
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
@@ -285,6 +338,15 @@ def main():
                 print(f"{case}: the LoRAs change {changed:.4f} of diffusers' frame bytes")
                 if changed == 0:
                     print(f"{case}: FAIL the LoRAs change nothing here")
+                    failed = True
+                    continue
+            if args.schedule != "default":
+                # Equality means something only if the schedule changes the frames.
+                plain, _ = diffusers_frames(model, dtype, scheduler, args.flow_shift, guidance, args, schedule="default")
+                changed = float((plain != ref).mean())
+                print(f"{case}: the {args.schedule} schedule changes {changed:.4f} of diffusers' frame bytes")
+                if changed == 0:
+                    print(f"{case}: FAIL the schedule changes nothing here")
                     failed = True
                     continue
             if args.storage_dtype and not args.fp8_file and not args.lora_files:

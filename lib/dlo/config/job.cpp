@@ -212,6 +212,22 @@ std::vector<JobField> make_table() {
          return v > 0 ? "" : str("must be a positive number, got ", number(v));
        }),
        [](const JobSpec& j, const ModelInfo& m) { return std::optional<JobFieldValue>(job_scheduler_config(j, m).flow_shift); }});
+  add({"schedule", "schedule", JobFieldType::kText, JobFieldEffect::kFrames, kAll, true,
+       "the steps' sigmas: `default` (the scheduler's own) or `lightx2v` (the distilled models' grid "
+       "shift(1 - i/steps), Euler to 0; docs/distilled.md)",
+       "`default`", "`lightx2v` not with scheduler `unipc`", {"default", "lightx2v"}, false,
+       [](const JobSpec& j) {
+         return j.schedule ? std::optional<JobFieldValue>(std::string(noise_schedule_name(*j.schedule))) : std::nullopt;
+       },
+       [](JobSpec& j, const JobFieldValue& v) { j.schedule = parse_noise_schedule(std::get<std::string>(v)); },
+       text_check([](const std::string& s) -> std::string {
+         return s == "default" || s == "lightx2v" ? "" : str("unknown schedule '", s, "' (default, lightx2v)");
+       }),
+       [](const JobSpec& j, const ModelInfo&) -> std::optional<JobFieldValue> {
+         // The default is left out, so that the fingerprints of jobs without a schedule stay as they were.
+         if (j.schedule.value_or(NoiseSchedule::kDefault) == NoiseSchedule::kDefault) return std::nullopt;
+         return std::string(noise_schedule_name(*j.schedule));
+       }});
   {
     auto [get, set] = text(&JobSpec::format);
     add({"format", "format", JobFieldType::kText, JobFieldEffect::kVideo, kAll, false,
@@ -501,6 +517,12 @@ std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, 
                    /*with_job=*/true, "guidance"});
       continue;
     }
+    if (f.key == "schedule" && *job.schedule != NoiseSchedule::kDefault && job.scheduler == NoiseSchedulerKind::kUniPC) {
+      e.push_back({f.key, str("'", noise_schedule_name(*job.schedule), "' samples with euler (as its recipe does), and "
+                              "this job sets scheduler unipc: set scheduler euler, or leave it unset"),
+                   /*with_job=*/true});
+      continue;
+    }
     if (f.key == "height" || f.key == "width") {
       const std::int64_t px = std::get<std::int64_t>(*v);
       if (px % m != 0) {
@@ -554,7 +576,7 @@ std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, 
 }
 
 NoiseSchedulerConfig job_scheduler_config(const JobSpec& job, const ModelInfo& info) {
-  return info.scheduler.with_overrides(job.scheduler, job.flow_shift);
+  return info.scheduler.with_overrides(job.scheduler, job.flow_shift, job.schedule);
 }
 
 namespace {
@@ -628,7 +650,8 @@ std::string job_parameters_text(const JobSpec& job, const ModelInfo& info) {
                                       number(job.boundary_ratio.value_or(info.boundary_ratio.value_or(0))), ")")
                                 : std::string(),
              "; scheduler ",
-             noise_scheduler_name(s.kind), " (flow shift ", number(s.flow_shift), "); ", job.width, "x", job.height,
+             noise_scheduler_name(s.kind), " (flow shift ", number(s.flow_shift),
+             s.schedule == NoiseSchedule::kDefault ? "" : str(", schedule ", noise_schedule_name(s.schedule)), "); ", job.width, "x", job.height,
              ", ", job.frames, " frames at ", job.fps, " fps; model ", info.parts.dir,
              info.parts.transformer.empty() ? std::string() : str(" with transformer ", info.parts.transformer),
              info.parts.transformer_2.empty() ? std::string() : str(" and transformer_2 ", info.parts.transformer_2),

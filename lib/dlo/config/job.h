@@ -46,6 +46,7 @@ struct JobSpec {
   std::int64_t fps = 16;
   std::optional<NoiseSchedulerKind> scheduler;   // unset: the model folder's scheduler
   std::optional<double> flow_shift;              // unset: the folder's flow_shift
+  std::optional<NoiseSchedule> schedule;         // unset: kDefault (the scheduler's own sigmas)
   // Outputs. The pipeline does not interpret these; the frame sink the app opens does.
   std::string format;                            // one of the app's output formats ("": its first)
   std::int64_t crf = 25;
@@ -177,7 +178,8 @@ std::string model_job_defaults_path(const std::string& dir);
 // checked by the app (they depend on the format).
 std::vector<FieldError> validate_job(const JobSpec& job, const ModelInfo& info, const OutputFormatNames& formats);
 
-// The job's noise scheduler config: the folder's with the job's overrides.
+// The job's noise scheduler config: the folder's with the job's overrides (a schedule other
+// than default makes it euler; validate_job refuses one beside scheduler unipc).
 NoiseSchedulerConfig job_scheduler_config(const JobSpec& job, const ModelInfo& info);
 
 // The job's parameters (the fields the table marks in_parameters, with their effective values,

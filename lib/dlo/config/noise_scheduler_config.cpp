@@ -200,6 +200,16 @@ NoiseSchedulerKind parse_noise_scheduler_kind(const std::string& name) {
   throw Error(str("unknown noise scheduler '", name, "' (unipc, euler)"));
 }
 
+const char* noise_schedule_name(NoiseSchedule schedule) {
+  return schedule == NoiseSchedule::kLightx2v ? "lightx2v" : "default";
+}
+
+NoiseSchedule parse_noise_schedule(const std::string& name) {
+  if (name == "default") return NoiseSchedule::kDefault;
+  if (name == "lightx2v") return NoiseSchedule::kLightx2v;
+  throw Error(str("unknown schedule '", name, "' (default, lightx2v)"));
+}
+
 NoiseSchedulerConfig NoiseSchedulerConfig::from_json_file(const std::string& path) {
   return from_json_text(read_file(path), path);
 }
@@ -230,6 +240,8 @@ void NoiseSchedulerConfig::validate() const {
             num_train_timesteps, ", must be in 1..1000000");
   DLO_CHECK(std::isfinite(flow_shift) && flow_shift > 0, "noise scheduler: flow shift is ", flow_shift,
             ", must be a positive number");
+  DLO_CHECK(schedule == NoiseSchedule::kDefault || kind == NoiseSchedulerKind::kFlowEuler, "noise scheduler: schedule '",
+            noise_schedule_name(schedule), "' samples with euler, not ", noise_scheduler_name(kind));
   if (kind == NoiseSchedulerKind::kFlowEuler) return;
   DLO_CHECK(solver_order >= 1 && solver_order <= 3, "noise scheduler: solver_order is ", solver_order,
             ", dlo supports 1, 2 and 3");
@@ -244,7 +256,9 @@ void NoiseSchedulerConfig::validate() const {
 }
 
 NoiseSchedulerConfig NoiseSchedulerConfig::with_overrides(std::optional<NoiseSchedulerKind> new_kind,
-                                                          std::optional<double> new_shift) const {
+                                                          std::optional<double> new_shift,
+                                                          std::optional<NoiseSchedule> new_schedule) const {
+  if (new_schedule && *new_schedule != NoiseSchedule::kDefault && !new_kind) new_kind = NoiseSchedulerKind::kFlowEuler;
   if (new_shift)
     DLO_CHECK(std::isfinite(*new_shift) && *new_shift > 0, "--flow-shift ", *new_shift,
               ": must be a positive number");
@@ -258,6 +272,7 @@ NoiseSchedulerConfig NoiseSchedulerConfig::with_overrides(std::optional<NoiseSch
     c.flow_shift = flow_shift;
   }
   if (new_shift) c.flow_shift = *new_shift;
+  if (new_schedule) c.schedule = *new_schedule;
   return c;
 }
 

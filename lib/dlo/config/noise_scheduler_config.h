@@ -19,6 +19,20 @@ const char* noise_scheduler_name(NoiseSchedulerKind kind);
 // "unipc" or "euler"; anything else throws dlo::Error naming the value and the choices.
 NoiseSchedulerKind parse_noise_scheduler_kind(const std::string& name);
 
+// Where the steps' sigmas come from. kDefault: the scheduler's own set_timesteps(steps).
+// kLightx2v: the grid of lightx2v's step-distilled models, sampled with Euler to 0: sigmas
+// shift(1 - i/steps) for i < steps, in float32 as Wan2.2-Lightning's EulerScheduler computes them
+// (float32(linspace(N, 0, steps + 1)) / N, shifted once; timesteps sigmas x N). At 4 steps and
+// shift 5 that is LightX2V's WanStepDistillScheduler with denoising_step_list [1000, 750, 500, 250]:
+// sigmas [1, 0.9375, 0.8333333, 0.625], timesteps [1000, 937.5, 833.3333, 625]. The same numbers
+// as diffusers' FlowMatchEulerDiscreteScheduler(shift).set_timesteps(sigmas=float32(1 - i/steps)),
+// which applies the shift to the sigmas it is given.
+enum class NoiseSchedule { kDefault, kLightx2v };
+// "default" / "lightx2v" (the values of the job field `schedule`).
+const char* noise_schedule_name(NoiseSchedule schedule);
+// "default" or "lightx2v"; anything else throws dlo::Error naming the value and the choices.
+NoiseSchedule parse_noise_schedule(const std::string& name);
+
 // The resolved configuration of one noise scheduler. Default-constructed, it is the Wan2.1-T2V
 // repos' scheduler (UniPC, flow_shift 3).
 //
@@ -42,6 +56,8 @@ struct NoiseSchedulerConfig {
   std::string solver_type = "bh2";  // "bh1" | "bh2"
   std::vector<std::int64_t> disable_corrector;  // step indices whose corrector is skipped
   std::string final_sigmas_type = "zero";  // "zero" | "sigma_min"
+  // The steps' sigmas (not a key of scheduler_config.json: a job's choice). kLightx2v needs kFlowEuler.
+  NoiseSchedule schedule = NoiseSchedule::kDefault;
 
   // Reads a diffusers scheduler/scheduler_config.json. A key missing from the file takes the
   // default of diffusers' constructor (not the Wan value: a UniPC file without prediction_type is
@@ -56,18 +72,19 @@ struct NoiseSchedulerConfig {
   // with num_train_timesteps kept and shift = the override, else this config's flow_shift (what
   // diffusers' FlowMatchEulerDiscreteScheduler.from_config(unipc_config, shift=...) gives).
   // Switching to unipc gives the Wan2.1 UniPC config (wan-spec 3.6) with num_train_timesteps kept
-  // and flow_shift = the override, else this config's shift. Throws dlo::Error for a shift that is
-  // not finite and > 0.
-  NoiseSchedulerConfig with_overrides(std::optional<NoiseSchedulerKind> kind,
-                                      std::optional<double> flow_shift) const;
+  // and flow_shift = the override, else this config's shift. A schedule other than kDefault
+  // samples with Euler: without a kind it switches a UniPC config to euler as above (with kind
+  // unipc the result fails validate()). Throws dlo::Error for a shift that is not finite and > 0.
+  NoiseSchedulerConfig with_overrides(std::optional<NoiseSchedulerKind> kind, std::optional<double> flow_shift,
+                                      std::optional<NoiseSchedule> schedule = std::nullopt) const;
 
-  // Checks the values (the checks from_json_file makes on a struct filled in by hand). Throws
-  // dlo::Error naming the field.
+  // Checks the values (the checks from_json_file makes on a struct filled in by hand, and a
+  // schedule other than kDefault only with kFlowEuler). Throws dlo::Error naming the field.
   void validate() const;
 
   // The resolved config as a diffusers scheduler_config.json (one line, keys sorted, with
   // _class_name and only the keys that matter), for logs and metadata. from_json_text and
-  // diffusers' from_config read it back to the same scheduler.
+  // diffusers' from_config read it back to the same scheduler. The schedule is not in it.
   std::string to_json() const;
 };
 

@@ -1,6 +1,7 @@
 // diffusers' FlowMatchEulerDiscreteScheduler (0.42.1) with a static shift, op for op
-// (wan-spec 4.1): the schedule in numpy float64 cast to float32, the step in float32 with the
-// result in model_output's dtype.
+// (wan-spec 4.1): the schedule in numpy float64 cast to float32 (the lightx2v schedule: in float32,
+// as set_timesteps(sigmas=...) computes it), the step in float32 with the result in model_output's
+// dtype.
 #include <ATen/ATen.h>
 
 #include "dlo/common/error.h"
@@ -28,10 +29,18 @@ class FlowEulerScheduler final : public NoiseScheduler {
     DLO_CHECK(steps >= 1, "euler scheduler: the number of steps must be >= 1, got ", steps);
     const std::int64_t n = config_.num_train_timesteps;
     const double nd = static_cast<double>(n);
-    // numpy: t = linspace(sigma_max * N, sigma_min * N, steps); s = t / N; shifted again.
-    at::Tensor t = numpy_linspace(sigma_max_ * nd, sigma_min_ * nd, steps);
-    at::Tensor s = numpy_flow_shift(at::div(t, nd), config_.flow_shift);
-    at::Tensor sigmas = s.to(at::kFloat);
+    at::Tensor sigmas;
+    if (config_.schedule == NoiseSchedule::kLightx2v) {
+      // Wan2.2-Lightning's EulerScheduler: t = float32(numpy linspace(N, 0, steps + 1)), s = t / N,
+      // shifted once, all in float32 (diffusers' set_timesteps(sigmas=s) shifts s alike).
+      at::Tensor s = at::div(numpy_linspace(nd, 0.0, steps + 1).slice(0, 0, steps).to(at::kFloat), nd);
+      const double shift = config_.flow_shift;
+      sigmas = at::div(at::mul(s, shift), at::add(at::mul(s, shift - 1.0), 1));
+    } else {
+      // numpy: t = linspace(sigma_max * N, sigma_min * N, steps); s = t / N; shifted again.
+      at::Tensor t = numpy_linspace(sigma_max_ * nd, sigma_min_ * nd, steps);
+      sigmas = numpy_flow_shift(at::div(t, nd), config_.flow_shift).to(at::kFloat);
+    }
     timesteps_ = at::mul(sigmas, n);
     sigmas_ = at::cat({sigmas, at::zeros({1}, at::kFloat)});
     sigmas_on_device_ = at::Tensor();
