@@ -165,6 +165,7 @@ TEST_CASE("the fingerprint: every field that decides the video changes it, the i
       case dlo::JobFieldType::kText:
         f.set(changed, f.key == "scheduler" ? std::string("euler") : f.key == "format" ? std::string("ffv1")
                        : f.key == "loras"   ? d.file("l.safetensors")
+                       : f.key == "schedule" ? std::string("lightx2v")
                                             : std::string("other"));
         break;
       case dlo::JobFieldType::kSeed: f.set(changed, std::uint64_t{99}); break;
