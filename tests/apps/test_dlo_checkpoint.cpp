@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
+#include "common/source_tree.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/io/safetensors_writer.h"
 #include "io/malformed_cases.h"
@@ -22,7 +23,7 @@ struct Run {
 };
 
 Run run(const std::string& args) {
-  const std::string cmd = std::string(DLO_CHECKPOINT_BIN) + " " + args + " 2>&1";
+  const std::string cmd = (dlo::test::bin_dir() / "dlo-checkpoint").string() + " " + args + " 2>&1";
   Run r;
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);

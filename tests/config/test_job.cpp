@@ -14,6 +14,7 @@
 
 #include "common/formats.h"
 #include "common/test_util.h"
+#include "common/source_tree.h"
 #include "dlo/common/error.h"
 #include "dlo/config/job.h"
 
@@ -83,7 +84,7 @@ TEST_CASE("the table: unique keys and flags, a flag for every command-line field
 }
 
 TEST_CASE("docs/manifest.md shows the table as job_fields_markdown() writes it") {
-  std::ifstream in(std::string(DLO_SOURCE_DIR) + "/docs/manifest.md");
+  std::ifstream in(dlo::test::source_dir() + "/docs/manifest.md");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string doc = ss.str();
@@ -458,7 +459,7 @@ TEST_CASE("a key given twice in dlo_defaults.json is refused naming the file and
 
 // V5: docs/manifest.md listed 7 of the 9 keys a model folder may recommend.
 TEST_CASE("docs/manifest.md lists every key dlo_defaults.json may hold, as the table marks them") {
-  std::ifstream in(std::string(DLO_SOURCE_DIR) + "/docs/manifest.md");
+  std::ifstream in(dlo::test::source_dir() + "/docs/manifest.md");
   std::stringstream ss;
   ss << in.rdbuf();
   std::string doc = ss.str();

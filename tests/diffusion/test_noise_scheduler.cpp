@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
+#include "common/source_tree.h"
 #include "dlo/common/error.h"
 #include "dlo/diffusion/noise_scheduler.h"
 #include "dlo/io/safetensors.h"
@@ -29,7 +30,7 @@ namespace {
 // the installed diffusers.
 std::string goldens_path() {
   const char* env = std::getenv("DLO_SCHEDULER_GOLDENS");
-  return env && *env ? env : DLO_SCHEDULER_GOLDENS_FILE;
+  return env && *env ? env : dlo::test::source_dir() + "/tests/data/schedulers/goldens.safetensors";
 }
 
 struct Goldens {

@@ -22,6 +22,7 @@
 #include "dlo/common/error.h"
 #include "dlo/media/latents_h5.h"
 #include "media/latents_h5_util.h"
+#include "common/source_tree.h"
 
 using namespace dlo;
 using dlo::test::latents_values;
@@ -29,6 +30,9 @@ using dlo::test::SharedDir;
 using json = nlohmann::json;
 
 namespace {
+
+// tests/media/latents_h5_check.py: h5py's view of a file.
+std::string latents_check() { return dlo::test::source_dir() + "/tests/media/latents_h5_check.py"; }
 
 int rank() {
   int r = 0;
@@ -82,7 +86,7 @@ void check_with_h5py(const SharedDir& dir, const std::string& path, const std::v
   }
   const std::string file = dir.file("expect.json");
   if (rank() == 0) std::ofstream(file) << e.dump();
-  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " '" + DLO_TEST_LATENTS_CHECK + "' check '" + file + "'", dir);
+  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " '" + latents_check() + "' check '" + file + "'", dir);
   INFO(out);
   CHECK(rc == 0);
   if (rank() == 0) std::filesystem::remove(file);
@@ -136,7 +140,7 @@ std::vector<LatentsEntry> batch_entries() {
 
 // latents_h5_check.py offsets: where h5py finds each dataset's data and flag bytes in the file.
 json offsets(const SharedDir& dir, const std::string& path) {
-  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " '" + DLO_TEST_LATENTS_CHECK + "' offsets '" + path + "'", dir);
+  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " '" + latents_check() + "' offsets '" + path + "'", dir);
   INFO(out);
   REQUIRE(rc == 0);
   return json::parse(out);
@@ -500,7 +504,7 @@ TEST_CASE("a version-1 file (one table of flags) is converted on open: each data
                                      {"fingerprint", old[i].fingerprint}, {"index", index[i]}, {"gen", 0}};
   const std::string spec_file = dir.file("v1.json");
   if (rank() == 0) std::ofstream(spec_file) << spec.dump();
-  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " '" + DLO_TEST_LATENTS_CHECK + "' write-v1 '" + spec_file + "'", dir);
+  const auto [rc, out] = run_on_rank0(std::string(DLO_TEST_H5PY_PYTHON) + " '" + latents_check() + "' write-v1 '" + spec_file + "'", dir);
   INFO(out);
   REQUIRE(rc == 0);
   // Resume reads version 1 as it is.

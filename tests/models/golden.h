@@ -13,17 +13,16 @@
 #include <sstream>
 #include <string>
 
+#include "common/source_tree.h"
 #include "dlo/common/sha256.h"
 
 #include "dlo/io/dtype.h"
 #include "dlo/io/safetensors.h"
 #include "dlo/models/tensor_view.h"
 
-#ifndef DLO_GOLDEN_DIR
-#error "DLO_GOLDEN_DIR must name tests/data/goldens"
-#endif
-
 namespace dlo::test {
+
+inline std::string golden_dir() { return source_dir() + "/tests/data/goldens"; }
 
 // ||a - b|| / ||b|| in float64.
 inline double golden_rel_err(const at::Tensor& a, const at::Tensor& b) {
@@ -56,7 +55,7 @@ inline std::string cpu_fingerprint() {
 class Golden {
  public:
   explicit Golden(const std::string& name)
-      : name_(name), ck_(Checkpoint::open(std::string(DLO_GOLDEN_DIR) + "/" + name + ".safetensors")) {}
+      : name_(name), ck_(Checkpoint::open(golden_dir() + "/" + name + ".safetensors")) {}
 
   const std::string& name() const { return name_; }
   at::Tensor get(const std::string& tensor) const { return tensor_view(ck_, tensor).clone(); }

@@ -9,6 +9,7 @@
 
 #include "common/formats.h"
 #include "common/test_util.h"
+#include "common/source_tree.h"
 #include "dlo/common/error.h"
 #include "dlo/common/file.h"
 #include "common/model_folder.h"
@@ -480,7 +481,7 @@ TEST_CASE("check_manifest: sizes and frames per job against the model, defaults'
 
 TEST_CASE("the shipped examples (jobs/) load and pass the checks of their model's geometry") {
   TempDir d;
-  const std::string src = DLO_SOURCE_DIR;
+  const std::string src = dlo::test::source_dir();
   // jobs/demo.yaml: the demo model tools/demo.sh installs as out/demo/model (configs/demo-model).
   dlo::Manifest demo = dlo::load_manifest(src + "/jobs/demo.yaml", {}, std::nullopt, d.path().string(), kVideoFormats);
   CHECK(demo.model == src + "/out/demo/model");

@@ -40,7 +40,7 @@ const dlo::Checkpoint& goldens(const std::string& file = kSteps) {
   static std::map<std::string, dlo::Checkpoint> open;
   auto it = open.find(file);
   if (it == open.end())
-    it = open.emplace(file, dlo::Checkpoint::open(std::string(DLO_GOLDEN_DIR) + "/" + file + ".safetensors")).first;
+    it = open.emplace(file, dlo::Checkpoint::open(dlo::test::golden_dir() + "/" + file + ".safetensors")).first;
   return it->second;
 }
 

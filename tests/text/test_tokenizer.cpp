@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/test_util.h"
+#include "common/source_tree.h"
 #include "dlo/testing/train_tokenizer.h"
 #include "dlo/common/error.h"
 #include "dlo/text/tokenizer.h"
@@ -306,7 +307,7 @@ TEST_CASE("a tokenizer with ids at or beyond the text encoder's vocab_size is re
 // not: tests/data/goldens/tokenizer_unknown_pieces.json holds one such vocabulary as transformers
 // saves it, and the ids AutoTokenizer gives (tools/reference/make_tokenizer_goldens.py).
 TEST_CASE("pieces holding characters that are not pieces: transformers' ids (the unknown piece's score decides)") {
-  std::ifstream in(std::string(DLO_SOURCE_DIR) + "/tests/data/goldens/tokenizer_unknown_pieces.json");
+  std::ifstream in(dlo::test::source_dir() + "/tests/data/goldens/tokenizer_unknown_pieces.json");
   REQUIRE(in.good());
   const nlohmann::json golden = nlohmann::json::parse(in);
   TempDir dir;

@@ -58,7 +58,7 @@ def encode_all(tok_dir, texts):
     return [tok(t, add_special_tokens=False).input_ids for t in texts]
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", help="write the golden here")
@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--random", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bin", help="ignored (CTest's parity tests pass every script --bin)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import tokenizers
     import transformers

@@ -231,7 +231,7 @@ def dlo_frames(model, dtype, scheduler, flow_shift, guidance, args, tmp):
     return np.stack([np.asarray(Image.open(os.path.join(out, n)).convert("RGB")) for n in names]), seconds
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", help="existing model folder (else a random one is made)")
@@ -273,7 +273,7 @@ def main():
                     help="the steps' sigmas (euler cases): lightx2v passes set_timesteps(sigmas=...) to diffusers")
     ap.add_argument("--bf16-max-diff", type=int, default=255, help="largest allowed byte difference in bf16 cases")
     ap.add_argument("--json", help="write the per-case results here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     failed = False
     results = []

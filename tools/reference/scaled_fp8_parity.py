@@ -39,12 +39,12 @@ def frames(folder):
     return np.stack([np.asarray(Image.open(os.path.join(folder, n)).convert("RGB")) for n in names])
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True)
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "m")
         subprocess.run([os.path.join(args.bin, "dlo-checkpoint"), "make", model, "--preset", "wan-test", "--layers", "2",

@@ -133,11 +133,11 @@ def diffusers_frames(model, transformer=None):
     return np.stack([(frame * 255).astype(np.uint8) for frame in video])
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True)
     ap.add_argument("--seed", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     failed = False
     with tempfile.TemporaryDirectory() as tmp:

@@ -96,13 +96,13 @@ def dlo_frames(args, model, out, width, vae=None):
     return np.stack([np.asarray(Image.open(os.path.join(out, n)).convert("RGB")) for n in names])
 
 
-def main():
+def main(argv=None):
     from diffusers import AutoencoderKLWan
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True)
     ap.add_argument("--seed", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     failed = False
     with tempfile.TemporaryDirectory() as tmp:

@@ -102,7 +102,7 @@ def python_spm(folder):
                    "unk_token": "<unk>", "model_max_length": 512}, f)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="folder holding dlo-checkpoint and dlo-forward")
     ap.add_argument("--tokenizer", help="an existing tokenizer folder (else `dlo-checkpoint make` writes one)")
@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--random", type=int, default=0, help="random strings added to the fixed prompts")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.resave = args.resave or args.both
 
     from diffusers.pipelines.wan.pipeline_wan import prompt_clean

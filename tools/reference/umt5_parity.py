@@ -41,7 +41,7 @@ PROMPTS = [
 
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     add_common_args(ap, "--te-layers 3")
     ap.add_argument("--prompts", action="store_true", help="end to end from prompts (see above)")
@@ -49,7 +49,7 @@ def main():
     ap.add_argument("--text-len", type=int, default=40, help="L of the random input_ids / max_sequence_length")
     ap.add_argument("--compact", action="store_true",
                     help="ours in compact mode (the blocks see only the real tokens; equal up to rounding)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
 

@@ -191,12 +191,12 @@ def dlo_lora(args, path, out):
     return scalings, ignored
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="folder holding dlo-checkpoint")
     ap.add_argument("--preset", default="wan-test", help="dlo-checkpoint make preset of the transformer")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from diffusers import WanPipeline, WanTransformer3DModel
     from peft.tuners.lora import LoraLayer
 

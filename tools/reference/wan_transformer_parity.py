@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from parity_common import DTYPES, add_common_args, make_model, max_abs, rel_err, run_dlo_forward
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     add_common_args(ap, "--layers 3 --heads 3")
     ap.add_argument("--preset", default="wan-test")
@@ -33,7 +33,7 @@ def main():
                     help="timestep [B, L], one per token (Wan2.2 TI2V's expand_timesteps), else [B]")
     ap.add_argument("--diffusers-test-inputs", action="store_true",
                     help="inputs drawn exactly as diffusers' transformer unit test draws them")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
 

@@ -40,7 +40,7 @@ def checkpoint_shapes(vae_dir):
     return shapes
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     add_common_args(ap, "--vae-base-dim 32")
     ap.add_argument("--vae-preset", default="wan-vae-test")
@@ -51,7 +51,7 @@ def main():
     ap.add_argument("--frames", type=int, default=2, help="latent frames")
     ap.add_argument("--height", type=int, default=4, help="latent height")
     ap.add_argument("--width", type=int, default=4, help="latent width")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
 
