@@ -26,10 +26,12 @@ mkdir -p "$T/jobs" "$T/models/loras"
   --seed 6 --rope-max-seq-len 1024 >/dev/null
 # write_lora FILE MODEL: a LoRA in lightx2v's layout (diffusion_model.*.lora_down/lora_up, alpha 8 at
 # rank 4) on the attention and FFN Linears of every block of MODEL/transformer.
+COMMON=$(cd "$(dirname "$0")/../common" && pwd)  # f32_safetensors.py
 write_lora() {
   mkdir -p "$(dirname "$1")"
-  python3 - "$@" <<'PY'
-import json, random, struct, sys
+  PYTHONPATH="$COMMON" python3 - "$@" <<'PY'
+import json, random, sys
+import f32_safetensors
 path, model = sys.argv[1], sys.argv[2]
 cfg = json.load(open(f"{model}/transformer/config.json"))
 d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
@@ -43,15 +45,7 @@ for i in range(cfg["num_layers"]):
         t[f"diffusion_model.blocks.{i}.{mod}.lora_down.weight"] = ([4, fin], g(4 * fin))
         t[f"diffusion_model.blocks.{i}.{mod}.lora_up.weight"] = ([out, 4], g(out * 4))
         t[f"diffusion_model.blocks.{i}.{mod}.alpha"] = ([], [8.0])
-header, blobs, off = {}, [], 0
-for name, (shape, values) in t.items():
-    data = struct.pack(f"<{len(values)}f", *values)
-    header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(data)]}
-    blobs.append(data)
-    off += len(data)
-h = json.dumps(header).encode()
-h += b" " * (-len(h) % 8)
-open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+f32_safetensors.save(path, t)
 PY
 }
 write_lora "$T/models/loras/wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors" "$T/models/Wan2.1-T2V-14B-Diffusers"

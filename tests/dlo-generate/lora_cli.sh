@@ -29,9 +29,11 @@ C="$BIN/dlo-checkpoint"
 # write_lora FILE MODEL [EXTRA_KEY]: a ComfyUI LoRA (rank 4, alpha 2, fp32) on three Linears of
 # every block of MODEL, plus a full-weight delta diffusers ignores; EXTRA_KEY adds a key that maps
 # to nothing.
+COMMON=$(cd "$(dirname "$0")/../common" && pwd)  # f32_safetensors.py
 write_lora() {
-  python3 - "$@" <<'PY'
-import json, random, struct, sys
+  PYTHONPATH="$COMMON" python3 - "$@" <<'PY'
+import json, random, sys
+import f32_safetensors
 path, model = sys.argv[1], sys.argv[2]
 cfg = json.load(open(f"{model}/transformer/config.json"))
 d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
@@ -47,15 +49,7 @@ for i in range(cfg["num_layers"]):
 t["diffusion_model.blocks.0.self_attn.k.diff"] = ([d, d], g(d * d))
 if len(sys.argv) > 3:
     t[sys.argv[3]] = ([4, d], g(4 * d))
-header, blobs, off = {}, [], 0
-for name, (shape, values) in t.items():
-    data = struct.pack(f"<{len(values)}f", *values)
-    header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(data)]}
-    blobs.append(data)
-    off += len(data)
-h = json.dumps(header).encode()
-h += b" " * (-len(h) % 8)
-open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+f32_safetensors.save(path, t)
 PY
 }
 write_lora "$T/l.safetensors" "$T/m"
