@@ -54,10 +54,10 @@ std::shared_ptr<const FusedLoras> fused_loras_for(const std::vector<LoraSpec>& s
   std::vector<FusedLora> loras;
   for (const auto& s : specs) {
     if (s.expert >= 0 && s.expert != expert) continue;
-    with_context(str("--fuse-lora '", lora_spec_text(s), "'"), [&] { loras.push_back({read_wan_lora(s.path), s.strength}); });
+    with_context(str("the fused LoRA '", lora_spec_text(s), "'"), [&] { loras.push_back({read_wan_lora(s.path), s.strength}); });
   }
   if (loras.empty()) return nullptr;
-  return with_context(str("--fuse-lora"), [&] { return std::make_shared<const FusedLoras>(std::move(loras), c); });
+  return with_context("the fused LoRAs", [&] { return std::make_shared<const FusedLoras>(std::move(loras), c); });
 }
 
 std::shared_ptr<const WanAdapters> wan_job_adapters(const std::vector<LoraSpec>& specs, int expert,
