@@ -173,6 +173,10 @@ mpirun -np 2 "$G" --jobs "$T/widej.yaml" --threads 1 --format png --quiet --outp
 rc=$?
 set -e
 [ "$rc" != 0 ] || fail "a batch with a failed job exited 0"
-grep -q '"id":"a".*"status":"failed".*w.safetensors.*blocks.0.attn1.to_q' "$T/wj/results.jsonl" || fail "job a: $(cat "$T/wj/results.jsonl")"
+grep -q '"id":"a".*"status":"failed".*its LoRAs: .*w.safetensors.*blocks.0.attn1.to_q' "$T/wj/results.jsonl" || fail "job a: $(cat "$T/wj/results.jsonl")"
 for j in b c; do grep -q "\"id\":\"$j\".*\"status\":\"ok\"" "$T/wj/results.jsonl" || fail "job $j did not render beside the failed one"; done
-echo "5. a missing per-job LoRA refused before any work; a LoRA of another width fails its job alone"
+# The plan refuses it before any work, and counts the other jobs' adapters.
+mpirun -np 2 "$G" --jobs "$T/widej.yaml" --threads 1 --dry-run --output-dir "$T/wj2" >"$T/wj2.log" 2>&1 || fail "dry run: $(cat "$T/wj2.log")"
+grep -q "job 0 'a': .*(refused: its LoRAs: .*w.safetensors.*blocks.0.attn1.to_q" "$T/wj2.log" || fail "dry run: $(cat "$T/wj2.log")"
+grep -q "LoRA adapters .*(the largest job's, on the device; in working)" "$T/wj2.log" || fail "dry run: $(cat "$T/wj2.log")"
+echo "5. a missing per-job LoRA refused before any work; a LoRA of another width refused by the plan, its job alone"

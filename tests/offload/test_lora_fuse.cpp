@@ -136,3 +136,51 @@ TEST_CASE("fused LoRAs: each rank's packed range of a merged block equals the wh
     }
   }
 }
+
+TEST_CASE("the memory plan's adapter bytes: a LoRA file's header read alone gives wan_job_adapters' modules, shapes and bytes") {
+  // A ComfyUI-layout file in bf16 with alpha != rank and a diff_b on q, and the time embedder's
+  // first Linear (kept in fp32 by diffusers, so its adapters too), at rank 4.
+  const auto c = WanTransformerConfig::preset("wan-test");
+  const std::int64_t d = c.dim(), r = 4;
+  TempDir dir;
+  at::manual_seed(3);
+  const auto bf = [](std::vector<std::int64_t> shape) { return at::randn(shape).to(at::kBFloat16); };
+  save_tensors(dir.file("l.safetensors"),
+               {{"diffusion_model.blocks.0.self_attn.q.lora_down.weight", bf({r, d})},
+                {"diffusion_model.blocks.0.self_attn.q.lora_up.weight", bf({d, r})},
+                {"diffusion_model.blocks.0.self_attn.q.alpha", at::full({}, 8.0).to(at::kBFloat16)},
+                {"diffusion_model.blocks.0.self_attn.q.diff_b", bf({d})},
+                {"diffusion_model.time_embedding.0.lora_down.weight", bf({r, c.freq_dim})},
+                {"diffusion_model.time_embedding.0.lora_up.weight", bf({d, r})}});
+  const LoraFile full = read_wan_lora(dir.file("l.safetensors"));
+  const LoraFile head = read_wan_lora(dir.file("l.safetensors"), LoraRead::kShapes);
+  REQUIRE(head.modules.size() == 2);
+  CHECK(head.layout == full.layout);
+  for (const auto& [name, m] : full.modules) {
+    CAPTURE(name);
+    const LoraModule& h = head.modules.at(name);
+    CHECK(h.down.is_meta());
+    CHECK(h.down.sizes() == m.down.sizes());
+    CHECK(h.up.sizes() == m.up.sizes());
+    CHECK((h.down.scalar_type() == m.down.scalar_type()));
+    CHECK(h.bias.defined() == m.bias.defined());
+    CHECK(h.scaling == m.scaling);
+  }
+  // What the adapters take on the device, counted from the tensors wan_job_adapters makes there
+  // and by hand: q's down [4, d], up [d, 4] and bias [d] in bf16; the time embedder's down
+  // [4, freq_dim] and up [d, 4] in fp32.
+  const std::vector<LoraSpec> specs = {{dir.file("l.safetensors"), 0.5, -1}, {dir.file("l.safetensors"), 1.0, -1}};
+  const auto adapters = wan_job_adapters(specs, 0, c, at::kBFloat16, at::kCPU);
+  std::uint64_t made = 0;
+  for (const auto& [name, list] : adapters->modules)
+    for (const LinearAdapter& a : list)
+      made += a.down.nbytes() + a.up.nbytes() + (a.bias.defined() ? a.bias.nbytes() : 0);
+  const std::uint64_t by_hand = 2 * ((2 * r * d + d) * 2 + (r * c.freq_dim + r * d) * 4);
+  CHECK(made == by_hand);
+  CHECK(wan_job_adapter_bytes(specs, 0, c, at::kBFloat16) == by_hand);
+  CHECK(wan_job_adapter_bytes({{dir.file("l.safetensors"), 1.0, 1}}, 0, c, at::kBFloat16) == 0);  // another expert's
+  // A LoRA of another width is refused by the header read as by the full one.
+  auto narrow = c;
+  narrow.attention_head_dim /= 2;
+  CHECK_THROWS_WITH_AS(wan_job_adapter_bytes(specs, 0, narrow, at::kBFloat16), doctest::Contains("l.safetensors"), Error);
+}

@@ -152,7 +152,7 @@ TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job t
   CHECK(held.refused == std::vector<std::int64_t>{1});
   CHECK(held.jobs_held == 1);  // the one other runnable job
   CHECK(held.held == job_memory(m, jobs[0], at::kBFloat16).held);
-  CHECK(p.refused_why[0].find("one step needs about") == 0);
+  CHECK(p.refused_why[0].find("does not fit in memory: one step needs about") == 0);
   CHECK(p.refused_why[0].find("more than the device budget") != std::string::npos);
   // The same choice as auto makes for the largest job left (its working memory beside the
   // weights outside the blocks, which every rank keeps on the device).
@@ -162,12 +162,50 @@ TEST_CASE("the batch's strategy is auto's for the largest job that fits, a job t
   CHECK(p.choice.reason == direct.reason);
   CHECK(p.working == job_memory(m, jobs[0], at::kBFloat16).working);
   CHECK(p.choice.strategy == Strategy::kResident);  // 1.3B in bf16 fits 80 GB whole
-  CHECK(p.describe().find("job 1 does not fit") != std::string::npos);
+  CHECK(p.describe().find("job 1 refused: does not fit in memory") != std::string::npos);
   // Nothing fits: the batch is refused before work, naming the job.
   const std::string err = dlo::test::error_of([&] {
     plan_batch_memory(m, {jobs[1]}, StrategyRequest{}, stack, budget, at::kBFloat16, 0);
   });
   CHECK_MESSAGE(err.find("no job of the batch fits in memory; the smallest, job 0 ('j16384'), needs about") == 0, err);
+}
+
+TEST_CASE("a job's LoRA adapters count in its working and held memory, and a job whose LoRAs cannot be applied is refused alone") {
+  const WanTransformerConfig c = WanTransformerConfig::preset("wan2.1-t2v-1.3b");
+  const ModelInfo m = info_of(c);
+  const StackSize stack = config_stack_size(c, WanDtypes::same(at::kBFloat16), 2);
+  const std::vector<JobSpec> jobs = {job(480, 832, 81), job(256, 256, 17), job(256, 256, 17)};
+  const std::uint64_t a = 350ULL * 1000 * 1000;  // about a rank-64 LoRA of the 14B in bf16
+  const JobMemory plain = job_memory(m, jobs[0], at::kBFloat16), with = job_memory(m, jobs[0], at::kBFloat16, a);
+  CHECK(with.adapters == a);
+  CHECK(with.working == plain.working + a);
+  CHECK(with.held == plain.held + a);  // a prepared or parked job keeps its adapters too
+  const std::vector<JobAdapters> ad = {{a, ""}, {0, "its LoRAs: LoRA 'x.safetensors': module 'blocks.0.attn1.to_q' ..."}, {0, ""}};
+  const BatchMemoryPlan p =
+      plan_batch_memory(m, jobs, StrategyRequest{}, stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 4, AuxPlacement::kHost, at::kFloat, ad);
+  REQUIRE(p.refused == std::vector<std::int64_t>{1});
+  CHECK(p.refused_why[0] == ad[1].problem);
+  CHECK(p.jobs_held == 1);          // job 2 beside job 0 (the refused job is held by no one)
+  CHECK(p.held == with.held);       // the largest held job: job 0, its adapters included
+  CHECK(p.working == with.working + with.held);
+  CHECK(p.adapters == a);
+  const std::string d = p.describe();
+  CHECK_MESSAGE(d.find("LoRA adapters        333.8 MiB") != std::string::npos, d);
+  CHECK_MESSAGE(d.find("latents, prompts, LoRA adapters)") != std::string::npos, d);
+  CHECK_MESSAGE(d.find("job 1 refused: its LoRAs: LoRA 'x.safetensors'") != std::string::npos, d);
+  // A device just large enough for job 1's shape alone with dlo: the same job with adapters of
+  // 1 MB more than the margin leaves is refused for memory, the one without runs.
+  const JobMemory small = job_memory(m, jobs[1], at::kBFloat16);
+  const std::uint64_t dev = 2 * stack.slot_bytes + stack.resident_bytes + small.working;
+  const std::vector<JobAdapters> big = {{0, ""}, {with_margin(dev) - dev + 1000 * 1000, ""}};
+  const BatchMemoryPlan q = plan_batch_memory(m, {jobs[1], jobs[2]}, Strategy::kDlo, stack, gpu(with_margin(dev), 200 * GB),
+                                              at::kBFloat16, 0, AuxPlacement::kHost, at::kFloat, big);
+  REQUIRE(q.refused == std::vector<std::int64_t>{1});
+  CHECK(q.refused_why[0].find("does not fit in memory: ") == 0);
+  // Every job refused for its LoRAs: nothing can run, the batch is refused naming job 0's reason.
+  CHECK_THROWS_WITH(plan_batch_memory(m, {jobs[1]}, StrategyRequest{}, stack, gpu(80 * GB, 200 * GB), at::kBFloat16, 0,
+                                      AuxPlacement::kHost, at::kFloat, {{0, "its LoRAs: gone"}}),
+                    doctest::Contains("no job can run; job 0 ('j256'): its LoRAs: gone"));
 }
 
 TEST_CASE("the per-job rule is choose_strategy's: a job just inside the device budget fits, just outside not") {

@@ -247,8 +247,8 @@ void print_dry_run(const MpiWorld& world, const ModelInfo& model, const BatchPla
     std::cout << "job " << plan.jobs[i].index << " '" << j.id << "': " << j.width << "x" << j.height << ", " << j.frames
               << " frames, " << j.steps << " steps, guidance " << j.guidance << " -> " << j.output;
     const auto& refused = rp.memory.refused;
-    if (std::find(refused.begin(), refused.end(), static_cast<std::int64_t>(i)) != refused.end()) {
-      std::cout << " (does not fit in memory)\n";
+    if (const auto r = std::find(refused.begin(), refused.end(), static_cast<std::int64_t>(i)); r != refused.end()) {
+      std::cout << " (refused: " << rp.memory.refused_why[static_cast<std::size_t>(r - refused.begin())] << ")\n";
       continue;
     }
     for (std::size_t p = 0; p < rp.topology.phases.size(); ++p) {

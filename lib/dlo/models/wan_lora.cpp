@@ -109,8 +109,14 @@ std::pair<double, double> lora_alpha_split(double alpha, std::int64_t rank) {
   return {down, up};
 }
 
-LoraFile read_wan_lora(const std::string& path) {
+LoraFile read_wan_lora(const std::string& path, LoraRead what) {
   using namespace lora_impl;
+  const bool shapes_only = what == LoraRead::kShapes;
+  // A factor's tensor: a view of the mapping, or (kShapes) a meta tensor of its shape and dtype.
+  const auto factor = [&](const Checkpoint& ck, const std::string& key) {
+    const at::Tensor v = tensor_view(ck, key);
+    return shapes_only ? at::empty(v.sizes(), v.options().device(at::kMeta)) : v;
+  };
   refuse_pickle(path);
   const Checkpoint ck = Checkpoint::open(path);
   return with_context("LoRA '" + path + "'", [&] {
@@ -244,15 +250,16 @@ LoraFile read_wan_lora(const std::string& path) {
                 }(),
                 ")");
       LoraModule mod;
-      const at::Tensor down = tensor_view(ck, x.down);
+      const at::Tensor down = factor(ck, x.down);
       at::Tensor up;
       if (x.down == head_diff) {
-        const at::Tensor b = tensor_view(ck, x.bias);
+        const at::Tensor b = factor(ck, x.bias);
         DLO_CHECK(down.dim() == 2 && b.dim() == 1, "'", x.down, "' ", shape(down), " and '", x.bias, "' ", shape(b),
                   " are not a weight's and a bias's shapes");
-        up = at::eye(down.size(0), b.size(0), down.options()).t().contiguous();
+        up = shapes_only ? at::empty({b.size(0), down.size(0)}, down.options())
+                         : at::eye(down.size(0), b.size(0), down.options()).t().contiguous();
       } else {
-        up = tensor_view(ck, x.up);
+        up = factor(ck, x.up);
       }
       DLO_CHECK(down.dim() == 2 && up.dim() == 2 && down.size(0) == up.size(1), "module '", m, "': down ", shape(down),
                 " and up ", shape(up), " are not LoRA factors of one rank (down [r, in], up [out, r])");
@@ -267,7 +274,7 @@ LoraFile read_wan_lora(const std::string& path) {
         mod.up = up.clone();
       }
       if (!x.bias.empty()) {
-        mod.bias = tensor_view(ck, x.bias).clone();
+        mod.bias = factor(ck, x.bias).clone();
         DLO_CHECK(mod.bias.dim() == 1 && mod.bias.size(0) == up.size(0), "'", x.bias, "' ", shape(mod.bias),
                   " is not a bias of the module's ", up.size(0), " outputs");
       }

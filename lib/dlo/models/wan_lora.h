@@ -59,7 +59,10 @@ struct LoraFile {
 // `lora_magnitude_vector`: dlo does not apply DoRA, and diffusers drops its magnitudes only in the
 // diffusers layout and fails on the others, so no reading gives what the LoRA was trained as);
 // a metadata rank that is not the tensors' (PEFT fails to load it). Thread-safe.
-LoraFile read_wan_lora(const std::string& path);
+// kShapes reads the header (and the alphas) only: the same checks, the same modules and scalings,
+// down/up/bias meta tensors of the shapes and dtypes kTensors gives (what the memory plan counts).
+enum class LoraRead { kTensors, kShapes };
+LoraFile read_wan_lora(const std::string& path, LoraRead what = LoraRead::kTensors);
 
 // diffusers' split of `alpha` / `rank` into (down factor, up factor): powers of two apart, the up
 // factor at most 1 ("scale_down, scale_up = scale, 1; while scale_down * 2 < scale_up: ..."), e.g.

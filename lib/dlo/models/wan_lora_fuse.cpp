@@ -84,10 +84,29 @@ std::shared_ptr<const WanAdapters> wan_job_adapters(const std::vector<LoraSpec>&
   return out;
 }
 
+std::uint64_t wan_job_adapter_bytes(const std::vector<LoraSpec>& specs, int expert, const WanTransformerConfig& c,
+                                    at::ScalarType compute) {
+  std::uint64_t bytes = 0;
+  for (const auto& s : specs) {
+    if (s.expert >= 0 && s.expert != expert) continue;
+    with_context(str("the LoRA '", lora_spec_text(s), "'"), [&] {
+      const LoraFile f = read_wan_lora(s.path, LoraRead::kShapes);
+      check_wan_lora(f, c);
+      for (const auto& [module, m] : f.modules) {
+        const std::uint64_t size = c10::elementSize(wan_weight_dtype(module + ".weight", compute));
+        const std::uint64_t numel = static_cast<std::uint64_t>(m.down.numel() + m.up.numel() +
+                                                               (m.bias.defined() ? m.bias.numel() : 0));
+        bytes += numel * size;
+      }
+    });
+  }
+  return bytes;
+}
+
 std::vector<std::string> lora_ignored_notes(const std::vector<LoraSpec>& specs) {
   std::vector<std::string> notes;
   for (const auto& s : specs) {
-    const LoraFile f = read_wan_lora(s.path);
+    const LoraFile f = read_wan_lora(s.path, LoraRead::kShapes);  // the keys are all it needs
     if (f.ignored.empty()) continue;
     std::string keys;
     for (std::size_t i = 0; i < f.ignored.size() && i < 5; ++i) keys += str(i ? ", " : "", f.ignored[i]);

@@ -67,6 +67,12 @@ std::shared_ptr<const WanAdapters> wan_job_adapters(const std::vector<LoraSpec>&
                                                     const WanTransformerConfig& c, at::ScalarType compute,
                                                     at::Device device);
 
+// The bytes wan_job_adapters(specs, expert, c, compute, device) puts on the device (down, up and
+// bias of every module, each in the dtype it takes there), from the files' headers
+// (read_wan_lora kShapes), after the same checks; 0 when none applies. Throws as wan_job_adapters.
+std::uint64_t wan_job_adapter_bytes(const std::vector<LoraSpec>& specs, int expert, const WanTransformerConfig& c,
+                                    at::ScalarType compute);
+
 // For the app to print: per LoRA of `specs` whose file has keys diffusers ignores (full-weight
 // .diff deltas and the like), a line naming the file and the first few keys. Throws as
 // read_wan_lora.

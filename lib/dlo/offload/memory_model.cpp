@@ -11,6 +11,7 @@
 #include "dlo/common/error.h"
 #include "dlo/models/tensor_view.h"
 #include "dlo/models/umt5.h"
+#include "dlo/models/wan_lora_fuse.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/offload/stack_plan.h"
 
@@ -95,7 +96,7 @@ std::uint64_t kept_bytes(const TensorSpec& spec, const WanDtypes& dtypes) {
 
 }  // namespace
 
-JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype) {
+JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype, std::uint64_t adapters) {
   JobMemory m;
   const auto s = model.latent_shape(job.frames, job.height, job.width);
   for (const auto& c : model.expert_configs())  // one expert computes at a time: the larger one's
@@ -110,7 +111,26 @@ JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType 
   const std::uint64_t latent = sat_mul(sat_product({s[1], s[2], s[3], s[4]}), 4);
   const std::uint64_t context = sat_mul(sat_product({512, model.transformer.text_dim}), dtype_size(packed(dtype)));
   m.held = sat_add(sat_mul(latent, 4), sat_mul(context, job.guided() ? 2 : 1));
+  m.adapters = adapters;
+  m.working = sat_add(m.working, adapters);
+  m.held = sat_add(m.held, adapters);
   return m;
+}
+
+std::vector<JobAdapters> jobs_adapters(const ModelInfo& model, const std::vector<JobSpec>& jobs, at::ScalarType dtype) {
+  std::vector<JobAdapters> out(jobs.size());
+  const std::vector<WanTransformerConfig> configs = model.expert_configs();
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].loras.empty()) continue;
+    try {
+      const std::vector<LoraSpec> loras = parse_lora_list(jobs[i].loras, "loras");
+      for (std::size_t e = 0; e < configs.size(); ++e)
+        out[i].bytes = sat_add(out[i].bytes, wan_job_adapter_bytes(loras, static_cast<int>(e), configs[e], dtype));
+    } catch (const std::exception& err) {  // dlo::Error, or a torch error on a malformed file
+      out[i] = {0, str("its LoRAs: ", err.what())};
+    }
+  }
+  return out;
 }
 
 AuxPlacement parse_aux_placement(const std::string& name, const std::string& what) {
@@ -207,10 +227,15 @@ namespace {
 // The strategy for the largest job that leaves one (a job too large for every strategy must not
 // take the others down with it), and the jobs that cannot run beside it: p.choice, p.working,
 // p.refused and p.refused_why. Throws dlo::Error when no job fits.
+// `problems`: per job, why it cannot run whatever the memory ("" or none: it can); such a job is
+// refused with it and counts for nothing.
 void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemory>& mem, const StrategyRequest& requested,
-                     const StackSize& stack, const MemoryBudget& budget, BatchMemoryPlan& p) {
+                     const StackSize& stack, const MemoryBudget& budget, const std::vector<std::string>& problems,
+                     BatchMemoryPlan& p) {
+  const auto problem = [&](std::size_t i) { return i < problems.size() ? problems[i] : std::string(); };
   std::set<std::uint64_t, std::greater<>> candidates;
-  for (const auto& m : mem) candidates.insert(working_for_choice(m, budget, stack));
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    if (problem(i).empty()) candidates.insert(working_for_choice(mem[i], budget, stack));
   if (candidates.empty()) candidates.insert(0);  // nothing to render: the weights alone decide
   std::string last_error;
   bool chosen = false;
@@ -226,8 +251,10 @@ void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemo
   }
   if (!chosen) {
     std::size_t smallest = 0;
-    for (std::size_t i = 1; i < jobs.size(); ++i)
-      if (working_for_choice(mem[i], budget, stack) < working_for_choice(mem[smallest], budget, stack)) smallest = i;
+    while (smallest + 1 < jobs.size() && !problem(smallest).empty()) ++smallest;
+    for (std::size_t i = smallest + 1; i < jobs.size(); ++i)
+      if (problem(i).empty() && working_for_choice(mem[i], budget, stack) < working_for_choice(mem[smallest], budget, stack))
+        smallest = i;
     throw Error(jobs.empty() ? last_error
                              : str("no job of the batch fits in memory; the smallest, job ", smallest, " ('",
                                    jobs[smallest].id, "'), needs about ", human_bytes(mem[smallest].working),
@@ -236,13 +263,17 @@ void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemo
   p.refused.clear();
   p.refused_why.clear();
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    std::string why = job_memory_problem(p.choice, stack, mem[i], budget);
+    std::string why = problem(i);
+    if (why.empty()) {
+      why = job_memory_problem(p.choice, stack, mem[i], budget);
+      if (!why.empty()) why = "does not fit in memory: " + why;
+    }
     if (!why.empty()) {
       p.refused.push_back(static_cast<std::int64_t>(i));
       p.refused_why.push_back(std::move(why));
     }
   }
-  DLO_CHECK(jobs.empty() || p.refused.size() < jobs.size(), "no job fits in memory; job 0 ('", jobs[0].id, "'): ",
+  DLO_CHECK(jobs.empty() || p.refused.size() < jobs.size(), "no job can run; job 0 ('", jobs[0].id, "'): ",
             p.refused_why.empty() ? "" : p.refused_why[0]);
 }
 
@@ -250,14 +281,20 @@ void choose_for_jobs(const std::vector<JobSpec>& jobs, const std::vector<JobMemo
 
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
                                   const StrategyRequest& requested, const StackSize& stack, const MemoryBudget& budget,
-                                  at::ScalarType dtype, int jobs_held, AuxPlacement aux, at::ScalarType vae_dtype) {
+                                  at::ScalarType dtype, int jobs_held, AuxPlacement aux, at::ScalarType vae_dtype,
+                                  const std::vector<JobAdapters>& adapters) {
+  DLO_ASSERT(adapters.empty() || adapters.size() == jobs.size(), "adapters for ", adapters.size(), " of ", jobs.size(), " jobs");
   BatchMemoryPlan p;
   std::vector<JobMemory> mem;
-  for (const auto& j : jobs) mem.push_back(job_memory(model, j, dtype));
+  std::vector<std::string> problems(jobs.size());
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    mem.push_back(job_memory(model, jobs[i], dtype, adapters.empty() ? 0 : adapters[i].bytes));
+    if (!adapters.empty()) problems[i] = adapters[i].problem;
+  }
   // First without the held jobs, so that a job too large to run at all (refused) does not count
   // as held beside the others; then every job that can run holds the largest of those that can,
   // at most the batch's other runnable jobs, and the choice is made again with them.
-  choose_for_jobs(jobs, mem, requested, stack, budget, p);
+  choose_for_jobs(jobs, mem, requested, stack, budget, problems, p);
   std::uint64_t largest_held = 0;
   std::int64_t runnable = 0;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
@@ -269,7 +306,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
   p.held = sat_mul(largest_held, static_cast<std::uint64_t>(p.jobs_held));
   if (p.held > 0) {
     for (auto& m : mem) m.working = sat_add(m.working, p.held);
-    choose_for_jobs(jobs, mem, requested, stack, budget, p);
+    choose_for_jobs(jobs, mem, requested, stack, budget, problems, p);
   }
 
   // The text encoder and the VAE: on the device if asked, or (auto) if the transformer's choice
@@ -291,7 +328,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
     BatchMemoryPlan q = p;
     std::string error;
     try {
-      choose_for_jobs(jobs, mem, requested, stack, less, q);
+      choose_for_jobs(jobs, mem, requested, stack, less, problems, q);
     } catch (const Error& e) {
       error = e.what();
     }
@@ -331,6 +368,7 @@ BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobS
     if (std::find(p.refused.begin(), p.refused.end(), static_cast<std::int64_t>(i)) != p.refused.end()) continue;
     working = std::max(working, mem[i].working);
     p.decode = std::max(p.decode, mem[i].decode);
+    p.adapters = std::max(p.adapters, mem[i].adapters);
   }
   p.working = working;
   p.text_encoder = safetensors_bytes_in(model.parts.text_encoder());
@@ -354,8 +392,12 @@ std::string BatchMemoryPlan::describe() const {
                       "  outside the blocks   ", human_bytes(resident), " (embeddings and head",
                       experts > 1 ? ", every expert's" : "", ", on the device)\n",
                       "  working (largest)    ", human_bytes(working), " per denoising step",
-                      held > 0 ? str(" (", human_bytes(held), " of it the ", jobs_held, " other job(s) a rank holds: latents, prompts)")
+                      held > 0 ? str(" (", human_bytes(held), " of it the ", jobs_held, " other job(s) a rank holds: latents, prompts",
+                                     adapters > 0 ? ", LoRA adapters" : "", ")")
                                : std::string(), "\n",
+                      adapters > 0 ? str("  LoRA adapters        ", human_bytes(adapters),
+                                         " (the largest job's, on the device; in working)\n")
+                                   : std::string(),
                       "  VAE decode (est.)    ", human_bytes(decode), aux_on_device ? " on the device" : " on the host", "\n",
                       "  text encoder         ", human_bytes(text_encoder),
                       aux_on_device ? str(" checkpoint; ", human_bytes(text_encoder_device), " on the device")
@@ -365,7 +407,7 @@ std::string BatchMemoryPlan::describe() const {
                       aux_why.empty() ? std::string() : str("  text encoder, VAE    ", aux_why, "\n"),
                       "  private per rank     ", human_bytes(host_per_rank), "; shared per node ",
                       human_bytes(shared_per_node));
-  for (std::size_t i = 0; i < refused.size(); ++i) s += str("\n  job ", refused[i], " does not fit: ", refused_why[i]);
+  for (std::size_t i = 0; i < refused.size(); ++i) s += str("\n  job ", refused[i], " refused: ", refused_why[i]);
   return s;
 }
 

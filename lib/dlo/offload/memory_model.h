@@ -30,9 +30,24 @@ struct JobMemory {
   // contexts for its step (not the history); a rank also holds other jobs': the next one being
   // prepared, and parked ones (plan_batch_memory's jobs_held).
   std::uint64_t held = 0;
+  // Of working and of held: the job's unfused LoRA adapters (the job field `loras`), on the device
+  // from its preparation to its end, every expert's (JobAdapters::bytes).
+  std::uint64_t adapters = 0;
 };
-// Counted from the configs; `dtype` is the transformer's compute dtype.
-JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype);
+// Counted from the configs; `dtype` is the transformer's compute dtype; `adapters` the job's
+// adapter bytes (JobAdapters::bytes).
+JobMemory job_memory(const ModelInfo& model, const JobSpec& job, at::ScalarType dtype, std::uint64_t adapters = 0);
+
+// A job's unfused LoRAs as the plan counts them: the bytes of their adapters on the device (every
+// expert's: wan_job_adapter_bytes), or why they cannot be applied (a file missing or unreadable,
+// a module that does not fit the model): such a job is refused alone, before any work.
+struct JobAdapters {
+  std::uint64_t bytes = 0;
+  std::string problem;
+};
+// Per job of `jobs`, in order; reads the headers of the jobs' LoRA files (not their tensors). A
+// job without `loras`: {0, ""}.
+std::vector<JobAdapters> jobs_adapters(const ModelInfo& model, const std::vector<JobSpec>& jobs, at::ScalarType dtype);
 
 // The transformer's block stack as the engine will plan it for `ranks` ranks (packed in the dtypes
 // the blocks are kept in, WanDtypes::stored: fp8 Linears count 1 byte an element; tensors aligned,
@@ -66,8 +81,10 @@ struct BatchMemoryPlan {
   std::uint64_t working = 0;  // the largest working memory of the jobs the choice was made for, held jobs' included
   std::uint64_t held = 0;     // of which the other jobs a rank holds (jobs_held x the largest JobMemory::held)
   int jobs_held = 0;
-  // Jobs that fit no strategy beside the others (indices into the jobs given) and why: each fails
-  // alone, recorded, before anything is prepared for it.
+  std::uint64_t adapters = 0;  // the largest JobMemory::adapters of the jobs that run (in working and held)
+  // Jobs that fit no strategy beside the others, or whose LoRAs cannot be applied (JobAdapters::
+  // problem) (indices into the jobs given), and why ("does not fit in memory: ...", "its LoRAs:
+  // ..."): each fails alone, recorded, before anything is prepared for it.
   std::vector<std::int64_t> refused;
   std::vector<std::string> refused_why;
   // The figures, per rank unless said otherwise.
@@ -106,9 +123,11 @@ struct BatchMemoryPlan {
 // the transformer's weights and the jobs throws dlo::Error with the figures; kAuto then keeps
 // them on the host, and so it does when the device would take them only with a more offloaded
 // strategy for the transformer (its placement comes first).
+// `adapters`: per job, its LoRA adapters (jobs_adapters), counted in its working and held memory;
+// a job with a problem is refused with it and counts for nothing. Empty: no job has any.
 BatchMemoryPlan plan_batch_memory(const ModelInfo& model, const std::vector<JobSpec>& jobs,
                                   const StrategyRequest& requested, const StackSize& stack, const MemoryBudget& budget,
                                   at::ScalarType dtype, int jobs_held, AuxPlacement aux = AuxPlacement::kHost,
-                                  at::ScalarType vae_dtype = at::kFloat);
+                                  at::ScalarType vae_dtype = at::kFloat, const std::vector<JobAdapters>& adapters = {});
 
 }  // namespace dlo

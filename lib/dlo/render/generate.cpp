@@ -48,9 +48,11 @@ BatchMemoryPlan agree_memory_plan(const MpiWorld& world, const ModelInfo& model,
     // Beside its job a rank holds the next one, prepared, and with two experts aligned up to
     // kMaxParked parked ones (generate's parked_).
     const int held = 1 + (model.two_experts() && o.align_experts ? kMaxParked : 0);
+    // The jobs' unfused LoRAs: their adapters' bytes from the files' headers, or why the job is refused.
+    const std::vector<JobAdapters> adapters = jobs_adapters(model, specs, o.dtype);
     auto plan_with = [&](const StackSize& s) {
       return plan_batch_memory(model, specs, o.offload, s, budget, o.dtype, held,
-                               dev.device.is_cuda() ? o.text_vae : AuxPlacement::kHost, o.vae_dtype);
+                               dev.device.is_cuda() ? o.text_vae : AuxPlacement::kHost, o.vae_dtype, adapters);
     };
     try {
       plan = plan_with(stack);
@@ -195,14 +197,15 @@ class BatchRun {
     work_.use_aux_device(memory_.aux_on_device);
     const int experts = work_.experts();
     report_.choice = choice_line(memory_, plan_, dev_, ranks_, experts);
-    // A job that does not fit fails alone, recorded by rank 0, before anything is prepared for it.
+    // A job that does not fit, or whose LoRAs cannot be applied, fails alone, recorded by rank 0,
+    // before anything is prepared for it.
     for (std::size_t i = 0; i < jobs_.size(); ++i) {
       const std::string why = refusal(memory_, i);
       if (why.empty()) {
         all_runnable_.push_back(static_cast<std::int64_t>(i));
       } else if (me_ == 0) {
         JobRun refused(jobs_[i], model_, me_);
-        refused.fail(str("does not fit in memory: ", why));
+        refused.fail(why);
         results_.record(refused.result);
       }
     }
