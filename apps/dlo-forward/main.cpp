@@ -61,6 +61,11 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       cxxopts::value<std::string>())(
       "transformer-2", "the low-noise expert's weights instead of transformer_2/", cxxopts::value<std::string>())(
       "vae", "the VAE's weights instead of the folder's vae/ (as dlo-generate --vae)", cxxopts::value<std::string>())(
+      "fuse-lora", "transformer: a LoRA merged into the weights, [high=|low=]PATH[:STRENGTH] (repeatable; as "
+      "dlo-generate --fuse-lora; high=/low= apply to transformer / transformer_2)",
+      cxxopts::value<std::vector<std::string>>())(
+      "lora", "transformer: LoRAs applied unfused beside the weights, every rank's forward, \"[high=|low=]PATH[:S], ...\" "
+      "(as the job field loras)", cxxopts::value<std::string>())(
       "component", "transformer, transformer_2 (Wan2.2 A14B's low-noise expert, as transformer), vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
       "with the config's latents_mean/std as WanPipeline does, then decoded: output [B, 3, 1 + 4 (F - 1), 8 H, 8 W] "
       "in [-1, 1]), text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
@@ -109,7 +114,7 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     return 0;
   }
   for (const char* required : {"model", "component", "out"}) DLO_CHECK(args.count(required), "missing --", required);
-  for (const char* given : {"transformer", "transformer-2"})
+  for (const char* given : {"transformer", "transformer-2", "fuse-lora", "lora"})
     DLO_CHECK(!args.count(given) || args["component"].as<std::string>().rfind("transformer", 0) == 0, "--", given,
               " is for --component transformer or transformer_2");
   DLO_CHECK(!args.count("vae") || args["component"].as<std::string>() == "vae", "--vae is for --component vae");
@@ -160,6 +165,10 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
     jo.model.dir = args["model"].as<std::string>();
     if (args.count("transformer")) jo.model.transformer = args["transformer"].as<std::string>();
     if (args.count("transformer-2")) jo.model.transformer_2 = args["transformer-2"].as<std::string>();
+    if (args.count("fuse-lora"))
+      for (const auto& text : args["fuse-lora"].as<std::vector<std::string>>())
+        jo.model.fused_loras.push_back(dlo::parse_lora_spec(text, "--fuse-lora"));
+    if (args.count("lora")) jo.loras = dlo::parse_lora_list(args["lora"].as<std::string>(), "--lora");
     jo.expert = component;
     jo.dtype = dtype;
     jo.storage = dlo::parse_linear_storage(args["storage-dtype"].as<std::string>(), dtype, "--storage-dtype");

@@ -20,6 +20,7 @@
 #include "dlo/mpi/mpi_world.h"
 #include "dlo/app/tool.h"
 #include "dlo/models/tensor_view.h"
+#include "dlo/models/wan_lora_fuse.h"
 #include "dlo/models/wan_transformer.h"
 #include "dlo/offload/runner.h"
 #include "dlo/offload/wave.h"
@@ -48,6 +49,8 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   std::unique_ptr<WanOffloadRunner> runner;
   std::vector<WanBranchInputs> branches;
   std::int64_t my_passes = o.passes;
+  double load_s = 0;                // reading the model (views) and any fused LoRAs' files
+  std::uint64_t adapter_bytes = 0;  // the unfused LoRAs' adapters on the device
   // The ranks that compute one forward together (one group of SP, times 2 with CFG parallelism).
   const int job_ranks = std::max(1, o.sp) * (o.cfg_parallel ? 2 : 1);
   std::uint64_t working = 0;
@@ -58,9 +61,15 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
     const bool second = o.expert == "transformer_2";
     DLO_CHECK(!second || !o.model.transformer_2.empty() || std::filesystem::is_directory(o.model.folder("transformer_2")),
               "--component transformer_2: ", o.model.dir, " has no transformer_2/ (a model with one transformer)");
-    model.emplace(WanTransformer::load(second ? o.model.transformer_2_weights() : o.model.transformer_weights(),
-                                       read_expert_config(o.model, second), o.dtype, /*load_blocks=*/false, o.storage));
+    const int expert = second ? 1 : 0;
+    const WanTransformerConfig config = read_expert_config(o.model, second);
+    const auto t_load = std::chrono::steady_clock::now();
+    model.emplace(WanTransformer::load(second ? o.model.transformer_2_weights() : o.model.transformer_weights(), config,
+                                       o.dtype, /*load_blocks=*/false, o.storage,
+                                       fused_loras_for(o.model.fused_loras, expert, config)));
+    load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     const auto& c = model->config();
+    adapter_bytes = wan_job_adapter_bytes(o.loras, expert, c, o.dtype);
     const std::size_t nbranch = o.guidance ? 2 : 1;
     // The shapes of the run, checked before anything is allocated for it.
     if (!o.random_latent.empty()) {
@@ -84,6 +93,7 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
                 wan_forward_working_bytes(c, x.size(2), x.size(3), x.size(4), ctx.size(1),
                                           static_cast<std::int64_t>(nbranch), from_scalar_type(o.dtype));
     }
+    working += adapter_bytes;  // on the device beside the activations
     // Refuse, with the figure, a run that cannot fit: on the CPU every rank of the node shares
     // the host memory (the strategy's own needs are checked by choose_strategy below).
     std::uint64_t avail = 0;
@@ -112,6 +122,10 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       branches.push_back({input(inputs, "hidden_states"), input(inputs, "timestep"), input(inputs, "encoder_hidden_states")});
       if (o.guidance)
         branches.push_back({branches[0].hidden_states, branches[0].timestep, input(inputs, "negative_encoder_hidden_states")});
+    }
+    if (!o.loras.empty()) {
+      const std::shared_ptr<const WanAdapters> adapters = wan_job_adapters(o.loras, expert, c, o.dtype, device);
+      for (auto& b : branches) b.adapters = adapters;
     }
     if (!o.rank_passes.empty()) {
       DLO_CHECK(static_cast<int>(o.rank_passes.size()) == world.size(), "--rank-passes lists ", o.rank_passes.size(),
@@ -179,7 +193,9 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
   result.choice = str("offload: ", strategy_name(choice.strategy), " (", choice.reason, "); device ", device.str(), "; ",
                       world.size(), " rank(s); wave of ", wave.length, " pass(es)");
   const ProcessMemory before = read_process_memory();
+  const auto t_engine = std::chrono::steady_clock::now();
   start_engine(world, *runner, choice, device, eo);
+  const double engine_start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_engine).count();
   const ProcessMemory after_pack = read_process_memory();
   const DeviceMemory at_engine = device_memory(device);
 
@@ -230,6 +246,9 @@ TransformerJobResult run_transformer_job(const MpiWorld& world, const std::map<s
       {"shard_bytes_total", is_sharded(choice.strategy) ? stack_size(runner->plan()).shards_total() : 0},
       {"device_blocks", choice.device_blocks},
       {"working_bytes_estimate", working},
+      {"adapter_bytes", adapter_bytes},
+      {"load_s", load_s},
+      {"engine_start_s", engine_start_s},
       {"device_total_bytes", dm.total},
       {"device_used_bytes_after_engine_start", at_engine.used},
       {"device_used_bytes_at_end", dm.used},

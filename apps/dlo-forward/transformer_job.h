@@ -21,7 +21,10 @@ namespace dlo {
 class MpiWorld;
 
 struct TransformerJobOptions {
-  ModelParts model;                      // the model folder (and any transformer weights given instead of its own)
+  ModelParts model;                      // the model folder (and any transformer weights given instead of its own),
+                                         // its fused_loras merged into the weights (those for this expert)
+  // LoRAs applied unfused beside the weights on every rank (a job's `loras`: wan_job_adapters).
+  std::vector<LoraSpec> loras;
   std::string expert = "transformer";    // transformer, or transformer_2 (Wan2.2 A14B's low-noise expert)
   at::ScalarType dtype = at::kFloat;
   LinearStorage storage = LinearStorage::kAuto;  // the blocks' Linears (--storage-dtype)

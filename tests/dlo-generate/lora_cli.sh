@@ -16,7 +16,11 @@
 #     the shared weights); an SP group of 2 renders a LoRA job's 1-rank frames (every member holds
 #     the job's adapters); a job's LoRA bytes are in its fingerprint;
 #  5. per-job bad input: a missing LoRA file is refused before any work, naming the job and field
-#     (exit 2, nothing written); a LoRA of another width fails its job alone, the others render.
+#     (exit 2, nothing written); a LoRA of another width fails its job alone, the others render;
+#  6. dlo-forward --fuse-lora and --lora (the pass-level benchmarks' flags): each changes the
+#     output; 2 ranks with dlo give the 1-rank resident output byte for byte; the report counts the
+#     adapters' bytes (by hand: 3 Linears x 2 blocks x rank 4 x (in + out) x 4 bytes); a LoRA of
+#     another width exits 2 naming the file.
 #   lora_cli.sh BIN_DIR
 set -euo pipefail
 # shellcheck source=tests/common/cli.sh
@@ -180,3 +184,36 @@ mpirun -np 2 "$G" --jobs "$T/widej.yaml" --threads 1 --dry-run --output-dir "$T/
 grep -q "job 0 'a': .*(refused: its LoRAs: .*w.safetensors.*blocks.0.attn1.to_q" "$T/wj2.log" || fail "dry run: $(cat "$T/wj2.log")"
 grep -q "LoRA adapters .*(the largest job's, on the device; in working)" "$T/wj2.log" || fail "dry run: $(cat "$T/wj2.log")"
 echo "5. a missing per-job LoRA refused before any work; a LoRA of another width refused by the plan, its job alone"
+
+# 6. dlo-forward's LoRA flags.
+F="$BIN/dlo-forward"
+fwd() {  # fwd OUT NP OFFLOAD [extra...]
+  local out=$1 np=$2 s=$3; shift 3
+  mpirun -np "$np" "$F" --model "$T/m" --component transformer --random-inputs 2,4,4,8 --guidance --threads 1 \
+    --offload "$s" --out "$T/$out.safetensors" --report "$T/$out.json" "$@" >"$T/$out.log" 2>&1 || fail "$out: $(cat "$T/$out.log")"
+}
+fwd f_none 1 resident
+fwd f_fused1 1 resident --fuse-lora "$T/l.safetensors:0.5"
+fwd f_fused2 2 dlo --fuse-lora "$T/l.safetensors:0.5"
+fwd f_lora1 1 resident --lora "$T/l.safetensors:0.5, $T/l2.safetensors"
+fwd f_lora2 2 dlo --lora "$T/l.safetensors:0.5, $T/l2.safetensors"
+cmp -s "$T/f_none.safetensors" "$T/f_fused1.safetensors" && fail "dlo-forward --fuse-lora changed nothing"
+cmp -s "$T/f_none.safetensors" "$T/f_lora1.safetensors" && fail "dlo-forward --lora changed nothing"
+cmp "$T/f_fused1.safetensors" "$T/f_fused2.safetensors" || fail "dlo-forward --fuse-lora: 2 ranks with dlo differ from 1 resident"
+cmp "$T/f_lora1.safetensors" "$T/f_lora2.safetensors" || fail "dlo-forward --lora: 2 ranks with dlo differ from 1 resident"
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+cfg = json.load(open(f"{t}/m/transformer/config.json"))
+d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+# q and cross-attention v: [4, d] + [d, 4]; ffn.0: [4, d] + [ffn_dim, 4]; fp32; two files, 2 blocks each
+per_file = cfg["num_layers"] * 4 * (2 * (d + d) + (d + cfg["ffn_dim"])) * 4
+for n in ("f_lora1", "f_lora2"):
+    for r in json.load(open(f"{t}/{n}.json"))["ranks"]:
+        assert r["adapter_bytes"] == 2 * per_file, (n, r["adapter_bytes"], 2 * per_file)
+print(f"6. the report's adapter bytes equal the count by hand: {2 * per_file}")
+PY
+expect 2 "$T/f_e.log" "$F" --model "$T/m" --component transformer --random-inputs 2,4,4,8 --lora "$T/w.safetensors" \
+  --out "$T/no8.safetensors"
+grep -q "w.safetensors.*blocks.0.attn1.to_q" "$T/f_e.log" || fail "dlo-forward --lora, another width: $(cat "$T/f_e.log")"
+echo "6. dlo-forward --fuse-lora and --lora: change the output, 2 ranks with dlo equal 1 resident, another width refused"

@@ -9,12 +9,18 @@
   storage   host bytes per rank, gathered bytes per pass and s/pass with the blocks' Linears stored
             in each --storage-dtype (bf16 compute), dlo at 2 ranks and resident at 1, as ratios to
             the first storage dtype, --repeats times (medians)
+  lora      a LoRA of --lora-rank on every block Linear: s/pass with no LoRA, fused for the run
+            (--fuse-lora) and unfused beside the shared weights (--lora), dlo at 2 ranks, bf16,
+            --repeats times (medians, ratios to none within a repeat); the bytes gathered per pass
+            (equal in all three), the adapters' bytes, and each rank's load and engine start (the
+            fused LoRA's merge of its own rows happens while the engine packs the shards)
 
 The engine's own cost per block transition is measured by build/bin/dlo-bench-engine.
 Ratios are measured in one run of this script; the machine is shared and noisy.
   .venv/bin/python tools/bench/bench_offload.py --bin build/bin overlap guidance
   .venv/bin/python tools/bench/bench_offload.py --bin build/bin memory scale --work /var/tmp
   .venv/bin/python tools/bench/bench_offload.py --bin build/bin storage --layers 4 --storage-dtype bf16,fp8
+  .venv/bin/python tools/bench/bench_offload.py --bin build/bin lora --layers 4 --lora-rank 32
 """
 import json
 import os
@@ -160,6 +166,58 @@ def bench_storage(a, tmp):
                   f"{extra:+.3f} s; each repeat {', '.join(f'{v[2]:.3f}' for v in got)})")
 
 
+BLOCK_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
+                 "attn2.to_v", "attn2.to_out.0", "ffn.net.0.proj", "ffn.net.2")
+
+
+def write_lora(path, model, rank):
+    """A diffusers/PEFT-layout LoRA in bf16 on every block Linear of `model`, shapes from its config."""
+    cfg = json.load(open(os.path.join(model, "transformer", "config.json")))
+    d, f = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"]
+    shapes = {m: (f, d) if m == "ffn.net.0.proj" else (d, f) if m == "ffn.net.2" else (d, d) for m in BLOCK_LINEARS}
+    g = torch.Generator().manual_seed(1)
+    t = {}
+    for i in range(cfg["num_layers"]):
+        for m, (out, inp) in shapes.items():
+            t[f"transformer.blocks.{i}.{m}.lora_A.weight"] = (torch.randn(rank, inp, generator=g) * 0.01).bfloat16()
+            t[f"transformer.blocks.{i}.{m}.lora_B.weight"] = (torch.randn(out, rank, generator=g) * 0.01).bfloat16()
+    save_file(t, path)
+
+
+def bench_lora(a, tmp):
+    """What a LoRA costs per pass: fused for the run (nothing per pass; its merge at start) and unfused
+    (x A^T B^T beside every adapted Linear, on every rank). The model is bf16 on disk and in compute."""
+    model = os.path.join(tmp, "lo")
+    make(a.bin, model, "--preset", "wan2.1-t2v-1.3b", "--layers", str(a.layers), "--dtype", "bf16")
+    inp = os.path.join(tmp, "lo_in.safetensors")
+    inputs(inp, a.frames, a.size, a.text_len, guidance=False)
+    lora = os.path.join(tmp, "lo_lora.safetensors")
+    write_lora(lora, model, a.lora_rank)
+    cases = {"none": [], "fused": ["--fuse-lora", lora], "unfused": ["--lora", lora]}
+    print(f"lora: 1.3B shape cut to {a.layers} blocks, bf16, a rank-{a.lora_rank} LoRA on the {len(BLOCK_LINEARS)} "
+          f"Linears of every block ({os.path.getsize(lora) / 2**20:.1f} MiB), dlo at 2 ranks, latent "
+          f"16x{a.frames}x{a.size}x{a.size}, text {a.text_len}, 1 compute thread per rank, {a.passes} passes "
+          f"(first excluded), {a.repeats} repeats")
+    seen = {}
+    for _ in range(a.repeats):
+        for name, extra in cases.items():
+            r, _ = forward(a.bin, 2, model, inp, "dlo", tmp, "--passes", str(a.passes), *extra, dtype="bf16")
+            for x in r["ranks"]:
+                seen.setdefault((name, x["rank"]), []).append(
+                    (steady(r, x["rank"])[0], x["bytes_gathered"] / a.passes, x["adapter_bytes"], x["load_s"],
+                     x["engine_start_s"]))
+    for name in cases:
+        for rank in (0, 1):
+            got, base = seen[(name, rank)], seen[("none", rank)]
+            med = [statistics.median(v[i] for v in got) for i in range(5)]
+            ratio = statistics.median(v[0] / b[0] for v, b in zip(got, base))
+            extra = statistics.median(v[0] - b[0] for v, b in zip(got, base))
+            start = statistics.median(v[4] - b[4] for v, b in zip(got, base))
+            print(f"  rank {rank} {name:8s}: {med[0]:.3f} s/pass (x{ratio:.3f}, {extra:+.3f} s; each repeat "
+                  f"{', '.join(f'{v[0]:.3f}' for v in got)}), gathered {med[1] / 2**20:.1f} MiB/pass, adapters "
+                  f"{med[2] / 2**20:.1f} MiB, load {med[3]:.3f} s, engine start {med[4]:.3f} s ({start:+.3f} s)")
+
+
 def peak_rest(peak, x0, ranks):
     """The cgroup peak less each rank's constant part: two slots (host memory on the CPU) and the process."""
     slots, runtime = 2 * x0["slot_bytes"], x0["rss_kb_before_engine"] * 1024
@@ -225,7 +283,7 @@ def bench_scale(a, tmp):
 
 def main():
     ap = benchlib.parser(__doc__, json_out=False)
-    ap.add_argument("what", nargs="+", choices=["overlap", "guidance", "memory", "scale", "pack", "storage"])
+    ap.add_argument("what", nargs="+", choices=["overlap", "guidance", "memory", "scale", "pack", "storage", "lora"])
     ap.add_argument("--work", default=None)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--frames", type=int, default=3)
@@ -236,7 +294,8 @@ def main():
     ap.add_argument("--pack-layers", type=int, default=4, help="14B-shape blocks stored in fp32 for the pack run (4: 5.2 GiB)")
     ap.add_argument("--scale-layers", type=int, default=18, help="14B-shape blocks for the scale run (18: 12.2 GiB, just over half of 23.5 GiB)")
     ap.add_argument("--storage-dtype", default="bf16,fp8", help="storage: comma-separated --storage-dtype values, the first the baseline")
-    ap.add_argument("--repeats", type=int, default=3, help="storage: runs of each case (medians reported)")
+    ap.add_argument("--repeats", type=int, default=3, help="storage, lora: runs of each case (medians reported)")
+    ap.add_argument("--lora-rank", type=int, default=32, help="lora: the LoRA's rank")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:
         for w in a.what:
