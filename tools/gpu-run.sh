@@ -4,7 +4,8 @@
 # `timeout`, reports PASS/FAIL/SKIP and the script goes on; steps starting after 330 s are skipped
 # and none runs past 350 s.
 # Results: $OUT/summary.txt and $OUT/logs.tar.gz (at most 2 files).
-# MODE=fp8 runs the fp8 measurements instead of the checks (issue 47; see the fp8 section below).
+# MODE=fp8 runs the fp8 measurements instead of the checks (issue 47; see the fp8 section below);
+# MODE=lora the LoRA and 4-step measurements (issue 48; the lora section).
 # Knobs: ONLY (step names: run just those), DLO_DEVICE=cpu (everything on the CPU: the local
 #   rehearsal), LAYERS (benchmark, 12),
 #   BENCH_SHAPE (F,H,W,L; 21,60,104,512), PASSES (4), STRATEGIES (1-rank strategies compared with
@@ -394,8 +395,97 @@ for g in sorted(groups, key=lambda g: (order.index(g.split("_", 1)[1]) if g.spli
 PY
 }
 
-export -f h2d fp8_make fp8_dlo fp8_diffusers fp8_wheels fault_sp whole_job compare_st spcfg_forward spcfg_generate soak probe known mpirun_ mpirun_nccl2 gpu_only facts model_small fwd same strategy dlo2 fault gen experts ti2v bench pinned
-export W B DEV DEVARG PY BENCH_SHAPE PASSES LAYERS OMP_NUM_THREADS
+# ---- MODE=lora: a LoRA's cost per pass (fused, unfused) and a 4-step distilled job against the 50-step default ----
+# LORA_MODELS "PRESET:LAYERS ..." (random bf16 models, with make's small text encoder and VAE),
+# LORA_RANK (32: a PEFT LoRA on every block Linear, tools/bench/make_lora.py), LORA_SHAPE F,H,W,L
+# (the per-pass runs: dlo-forward, 1 rank, --offload dlo so every block streams from pinned host
+# memory, unguided: the distilled recipe's pass; none, --fuse-lora, --lora; unfused dlo must equal
+# unfused resident byte for byte) and LORA_JOB HxWxFRAMES (whole jobs of dlo-generate-bare, 1 rank,
+# --offload dlo, text encoder and VAE on the GPU: the default recipe, 50 steps of UniPC, guidance 5,
+# shift 3, 100 transformer passes in 50 traversals; the distilled one, 4 steps, guidance 1, schedule
+# lightx2v, shift 5, the LoRA fused, 4 passes).
+LORA_MODELS=${LORA_MODELS:-"wan2.1-t2v-14b:3 wan2.1-t2v-1.3b:8"}
+LORA_RANK=${LORA_RANK:-32}; LORA_SHAPE=${LORA_SHAPE:-21,60,104,512}; LORA_JOB=${LORA_JOB:-480x832x81}
+lora_make() {  # lora_make PRESET LAYERS
+  "$B/bin/dlo-checkpoint" make "$W/lo_$1" --preset "$1" --layers "$2" --dtype bf16 >/dev/null || return 1
+  "$PY" tools/bench/make_lora.py "$W/lo_$1" "$W/lo_$1.safetensors" --rank "$LORA_RANK"
+}
+lora_pass() {  # lora_pass PRESET
+  local m=$1 c
+  local common=(--model "$W/lo_$m" --component transformer --random-inputs "$LORA_SHAPE" --dtype bf16 --device "$DEVARG"
+                --passes "$PASSES")
+  for c in none fused unfused; do
+    local extra=()
+    [ "$c" = fused ] && extra=(--fuse-lora "$W/lo_$m.safetensors")
+    [ "$c" = unfused ] && extra=(--lora "$W/lo_$m.safetensors")
+    "$B/bin/dlo-forward" "${common[@]}" --offload dlo "${extra[@]}" --out "$W/lo_out_$c.safetensors" \
+      --report "$W/lorep_${m}_$c.json" | tail -n 1 || return 1
+  done
+  "$B/bin/dlo-forward" "${common[@]}" --offload resident --lora "$W/lo_$m.safetensors" --out "$W/lo_out_res.safetensors" \
+    >/dev/null || return 1
+  cmp "$W/lo_out_unfused.safetensors" "$W/lo_out_res.safetensors" || { echo "unfused: dlo differs from resident"; return 1; }
+  if cmp -s "$W/lo_out_none.safetensors" "$W/lo_out_unfused.safetensors"; then echo "the LoRA changed nothing"; return 1; fi
+  echo "unfused: dlo's output equals resident's byte for byte, and differs from no LoRA"
+}
+lora_steps() {  # lora_steps PRESET
+  local m=$1 h w f tv=cuda; IFS=x read -r h w f <<<"$LORA_JOB"; [ "$DEV" = cpu ] && tv=cpu
+  local args=(--model "$W/lo_$m" --prompt "a red fox trotting through fresh snow at dawn" --seed 1 --height "$h" --width "$w"
+              --frames "$f" --dtype bf16 --device "$DEVARG" --offload dlo --text-vae-device "$tv" --quiet)
+  local t0 t1
+  t0=$(date +%s.%N)
+  mpirun_ -np 1 "$B/bin/dlo-generate-bare" "${args[@]}" --steps 50 --guidance 5 --scheduler unipc --flow-shift 3 \
+    --out "$W/lo_default.safetensors" --report "$W/lostep_${m}_default.json" || return 1
+  t1=$(date +%s.%N); echo "$t0 $t1" >"$W/lowall_${m}_default"
+  mpirun_ -np 1 "$B/bin/dlo-generate-bare" "${args[@]}" --steps 4 --guidance 1 --schedule lightx2v --flow-shift 5 \
+    --fuse-lora "$W/lo_$m.safetensors" --out "$W/lo_distilled.safetensors" --report "$W/lostep_${m}_distilled.json" || return 1
+  echo "$t1 $(date +%s.%N)" >"$W/lowall_${m}_distilled"
+}
+lora_table() {
+  "$PY" - "$W" "$LORA_MODELS" <<'PY'
+import json, statistics, sys
+w, models = sys.argv[1], [m.split(":")[0] for m in sys.argv[2].split()]
+def load(p):
+    try:
+        return json.load(open(p))
+    except Exception:
+        return None
+print("\n| model | per pass (dlo-forward, 1 rank, dlo) | s/pass | / none | exposed transfer | adapters | engine start (packing; the fused merge) |\n|---|---|---|---|---|---|---|")
+for m in models:
+    base = None
+    for c in ("none", "fused", "unfused"):
+        d = load(f"{w}/lorep_{m}_{c}.json")
+        if not d:
+            continue
+        r = d["ranks"][0]; pp = r["per_pass"]; steady = pp[1:] or pp
+        sp = statistics.median(p["wall_s"] for p in steady); base = base or sp
+        ex = statistics.median(p["exposed_transfer_s"] for p in steady)
+        print(f"| {m} | {c} | {sp:.4f} | {sp / base:.3f} | {ex * 1e3:.1f} ms | {r.get('adapter_bytes', 0) / 2**20:.1f} MiB | "
+              f"{r.get('engine_start_s', 0):.2f} s |")
+print("\n| model | job (dlo-generate-bare, 1 rank, dlo) | transformer passes | traversals | wall s | denoise s | "
+      "s/traversal | exposed per traversal | text s | decode s |\n|---|---|---|---|---|---|---|---|---|---|")
+for m in models:
+    walls = {}
+    for c in ("default", "distilled"):
+        d = load(f"{w}/lostep_{m}_{c}.json")
+        if not d:
+            continue
+        j, r = d["jobs"][0], d["ranks"][0]; t = j["timings"]; p = j["parameters"]
+        try:
+            a, b = open(f"{w}/lowall_{m}_{c}").read().split(); walls[c] = float(b) - float(a)
+        except Exception:
+            walls[c] = float("nan")
+        guided = float(p.get("guidance", 1)) > 1
+        n = r["traversals"]
+        print(f"| {m} | {c}: {p.get('steps')} steps, guidance {p.get('guidance')} | {int(p.get('steps')) * (2 if guided else 1)} | "
+              f"{n} | {walls[c]:.1f} | {t['denoise_s']:.2f} | {t['denoise_s'] / max(1, n):.4f} | "
+              f"{r['exposed_wait_s'] / max(1, n) * 1e3:.1f} ms | {t['text_s']:.2f} | {t['decode_s']:.2f} |")
+    if len(walls) == 2 and walls["distilled"] > 0:
+        print(f"| {m} | default / distilled wall | | | {walls['default'] / walls['distilled']:.1f}x | | | | | |")
+PY
+}
+
+export -f h2d fp8_make fp8_dlo fp8_diffusers fp8_wheels lora_make lora_pass lora_steps fault_sp whole_job compare_st spcfg_forward spcfg_generate soak probe known mpirun_ mpirun_nccl2 gpu_only facts model_small fwd same strategy dlo2 fault gen experts ti2v bench pinned
+export W B DEV DEVARG PY BENCH_SHAPE PASSES LAYERS OMP_NUM_THREADS LORA_RANK LORA_SHAPE LORA_JOB
 say "gpu-run: mode $MODE, device $DEV, bundle $B, torch site-packages ${SP:-NOT FOUND}, $(date -u)"
 step facts 60 facts
 if [ "$MODE" = fp8 ]; then
@@ -412,6 +502,20 @@ if [ "$MODE" = fp8 ]; then
   done
   fp8_table >"$L/table.txt" 2>&1; cat "$L/table.txt" >>"$SUM"
   cp "$W"/h2d.json "$W"/f8rep_*.json "$W"/f8dif_*.json "$L/" 2>/dev/null
+  tar -C "$W" -czf "$OUT/logs.tar.gz" logs
+  say "gpu-run: $NPASS passed, $NFAIL failed, $NSKIP skipped in $(( $(date +%s) - T0 )) s"
+  rm -rf "$W"
+  exit $(( NFAIL > 0 ))
+fi
+if [ "$MODE" = lora ]; then
+  for mm in $LORA_MODELS; do
+    m=${mm%%:*}
+    step "lora_make_$m" 90 lora_make "$m" "${mm##*:}"
+    step "lora_pass_$m" 120 lora_pass "$m"
+    step "lora_steps_$m" 150 lora_steps "$m"
+  done
+  lora_table >"$L/table.txt" 2>&1; cat "$L/table.txt" >>"$SUM"
+  cp "$W"/lorep_*.json "$W"/lostep_*.json "$L/" 2>/dev/null
   tar -C "$W" -czf "$OUT/logs.tar.gz" logs
   say "gpu-run: $NPASS passed, $NFAIL failed, $NSKIP skipped in $(( $(date +%s) - T0 )) s"
   rm -rf "$W"

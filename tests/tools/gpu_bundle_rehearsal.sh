@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bare-GPU-machine check, rehearsed: tools/gpu-bundle.sh packs BIN_DIR's binaries, then
 # tools/gpu-run.sh runs every step in CPU mode inside tools/sim-foreign.sh (no venv path, no
-# Debian Open MPI or our libraries), small; then MODE=fp8 once, smaller. Any FAIL, or a binary that
+# Debian Open MPI or our libraries), small; then MODE=fp8 and MODE=lora once each, smaller. Any FAIL, or a binary that
 # links libav/HDF5, fails.
 # One thread per process (gpu-run.sh's default is 4, for a GPU machine's host): two ranks of 2
 # threads each on this 2-core machine, beside another test, spin in OpenMP's barriers; the soak
@@ -39,5 +39,16 @@ for s in make_wan-test fp8_dlo_wan-test_g fp8_diffusers_wan-test_g; do
 done
 for r in "dlo --offload dlo, fp8 storage" "diffusers [0-9.]* layerwise_fp8"; do
   grep -q "| wan-test | g | $r | [0-9]" "$F/summary.txt" || { echo "FAIL: MODE=fp8 table lacks '$r'"; cat "$F/summary.txt"; exit 1; }
+done
+# MODE=lora (issue 48's measurements): a LoRA per pass none/fused/unfused (unfused dlo equals
+# resident byte for byte, lora_pass fails otherwise) and the 50-step and 4-step jobs, both tables.
+F=$T/out-lora
+OMP_NUM_THREADS=1 DLO_DEVICE=cpu MODE=lora PASSES=2 LORA_MODELS=wan-test:2 LORA_SHAPE=1,4,4,8 LORA_JOB=32x48x5 LORA_RANK=4 \
+  BUNDLE=$T/bundle OUT=$F bash tools/sim-foreign.sh bash tools/gpu-run.sh || rc=$?
+for s in lora_make_wan-test lora_pass_wan-test lora_steps_wan-test; do
+  grep -q "^PASS  $s " "$F/summary.txt" || { echo "FAIL: MODE=lora step $s did not pass"; cat "$F/summary.txt"; exit 1; }
+done
+for r in "unfused | [0-9]" "distilled: 4 steps, guidance 1.0 | 4 | 4 | [0-9]" "default: 50 steps, guidance 5.0 | 100 | 50 | [0-9]"; do
+  grep -q "| wan-test | $r" "$F/summary.txt" || { echo "FAIL: MODE=lora table lacks '$r'"; cat "$F/summary.txt"; exit 1; }
 done
 exit $rc

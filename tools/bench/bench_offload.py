@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 import benchlib
+import make_lora
 
 # Not benchlib.env(): these figures were measured with shared memory's single copy (CMA) left on.
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -166,24 +167,6 @@ def bench_storage(a, tmp):
                   f"{extra:+.3f} s; each repeat {', '.join(f'{v[2]:.3f}' for v in got)})")
 
 
-BLOCK_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
-                 "attn2.to_v", "attn2.to_out.0", "ffn.net.0.proj", "ffn.net.2")
-
-
-def write_lora(path, model, rank):
-    """A diffusers/PEFT-layout LoRA in bf16 on every block Linear of `model`, shapes from its config."""
-    cfg = json.load(open(os.path.join(model, "transformer", "config.json")))
-    d, f = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"]
-    shapes = {m: (f, d) if m == "ffn.net.0.proj" else (d, f) if m == "ffn.net.2" else (d, d) for m in BLOCK_LINEARS}
-    g = torch.Generator().manual_seed(1)
-    t = {}
-    for i in range(cfg["num_layers"]):
-        for m, (out, inp) in shapes.items():
-            t[f"transformer.blocks.{i}.{m}.lora_A.weight"] = (torch.randn(rank, inp, generator=g) * 0.01).bfloat16()
-            t[f"transformer.blocks.{i}.{m}.lora_B.weight"] = (torch.randn(out, rank, generator=g) * 0.01).bfloat16()
-    save_file(t, path)
-
-
 def bench_lora(a, tmp):
     """What a LoRA costs per pass: fused for the run (nothing per pass; its merge at start) and unfused
     (x A^T B^T beside every adapted Linear, on every rank). The model is bf16 on disk and in compute."""
@@ -192,9 +175,9 @@ def bench_lora(a, tmp):
     inp = os.path.join(tmp, "lo_in.safetensors")
     inputs(inp, a.frames, a.size, a.text_len, guidance=False)
     lora = os.path.join(tmp, "lo_lora.safetensors")
-    write_lora(lora, model, a.lora_rank)
+    make_lora.write_peft_lora(lora, model, a.lora_rank)
     cases = {"none": [], "fused": ["--fuse-lora", lora], "unfused": ["--lora", lora]}
-    print(f"lora: 1.3B shape cut to {a.layers} blocks, bf16, a rank-{a.lora_rank} LoRA on the {len(BLOCK_LINEARS)} "
+    print(f"lora: 1.3B shape cut to {a.layers} blocks, bf16, a rank-{a.lora_rank} LoRA on the {len(make_lora.BLOCK_LINEARS)} "
           f"Linears of every block ({os.path.getsize(lora) / 2**20:.1f} MiB), dlo at 2 ranks, latent "
           f"16x{a.frames}x{a.size}x{a.size}, text {a.text_len}, 1 compute thread per rank, {a.passes} passes "
           f"(first excluded), {a.repeats} repeats")
