@@ -9,7 +9,8 @@
 # Knobs: ONLY (step names: run just those), DLO_DEVICE=cpu (everything on the CPU: the local
 #   rehearsal), LAYERS (benchmark, 12),
 #   BENCH_SHAPE (F,H,W,L; 21,60,104,512), PASSES (4), STRATEGIES (1-rank strategies compared with
-#   resident), FLAT_LAYERS (layerwise peak depths, "20 40"), PY (python3), BUNDLE (.gpu/bundle).
+#   resident), BENCH_STRATEGIES (the benchmark's, "$STRATEGIES auto"), FLAT_LAYERS (layerwise peak
+#   depths, "20 40"), PY (python3), BUNDLE (.gpu/bundle).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -240,8 +241,8 @@ whole_job() {
   "$B/bin/dlo-checkpoint" make "$W/lat" --preset wan2.1-t2v-1.3b --layers 2 --vae-preset wan2.1-vae --te-preset umt5-test \
     --dtype bf16 >/dev/null || return 1
   # 240x416 (480x832 took over 148 s to decode on 4 CPU threads); every core of the machine.
-  local size=(--height 240 --width 416); [ "$DEV" = cpu ] && size=(--height 64 --width 64)  # the rehearsal: small
-  local args=(--model "$W/lat" --prompt "a lighthouse at dusk" --steps 2 "${size[@]}" --frames 17 --seed 9 --device "$DEVARG"
+  local size=(--height 240 --width 416 --frames 17); [ "$DEV" = cpu ] && size=(--height 64 --width 64 --frames 5)  # the rehearsal: small
+  local args=(--model "$W/lat" --prompt "a lighthouse at dusk" --steps 2 "${size[@]}" --seed 9 --device "$DEVARG"
               --threads "$(nproc)")
   for where in cuda cpu; do
     [ "$DEV" = cpu ] && [ "$where" = cuda ] && continue
@@ -542,7 +543,7 @@ step soak_sp2_jitter 150 soak
 step fault_sp2 90 fault_sp
 step whole_job_text_vae 150 whole_job
 for s in resident device-shards layerwise dlo auto; do
-  case " $STRATEGIES auto " in *" $s "*) step "bench_${LAYERS}L_$s" 120 bench "$LAYERS" "$s" ;; esac
+  case " ${BENCH_STRATEGIES:-$STRATEGIES auto} " in *" $s "*) step "bench_${LAYERS}L_$s" 120 bench "$LAYERS" "$s" ;; esac
 done
 # Layerwise device peak at two depths (goal: flat).
 for n in ${FLAT_LAYERS:-20 40}; do step "bench_layerwise_${n}L" 150 bench "$n" layerwise; done

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# dlo-generate at 32 and 64 ranks on this 2-core machine (oversubscribed; a tiny model; the
+# dlo-generate at 64 ranks on this 2-core machine (oversubscribed; a tiny model; the
 # CPU acting as a device of 1 GiB per rank, since 64 ranks' share of the host would refuse even
 # this model's working memory): the small collectives and the weight gathers at many ranks.
-#  1. 32 ranks, 40 jobs: every job ok, the frames of the jobs also rendered at 1 rank the same;
-#  2. 64 ranks, 80 jobs: every job ok;
-#  3. 64 ranks, one rank killed mid-batch: every rank ends within 60 s, nothing recorded that is
+#  1. 64 ranks, 80 jobs: every job ok, the frames of the jobs also rendered at 1 rank the same
+#     (a 32-rank batch ran here too until 2026-12-08: 64 covers its collectives, and CI's time is
+#     short);
+#  2. 64 ranks, one rank killed mid-batch: every rank ends within 60 s, nothing recorded that is
 #     not whole; 64 ranks, an I/O failure on rank 63 at a pass boundary: every rank ends with that
 #     rank's message (no rank waits for the timeout).
 # The batch the faults interrupt has jobs of 6 steps (it had 20): the kill waits for a first job
@@ -16,7 +17,6 @@ set -euo pipefail
 # shellcheck source=tests/common/cli.sh
 source "$(dirname "$0")/../common/cli.sh" "$1"
 "$BIN/dlo-checkpoint" make "$T/m" --preset wan-test --layers 2 --dtype bf16 --shard-size 20KB >/dev/null
-manifest "$T/j40.yaml" m s 40 2
 manifest "$T/j80.yaml" m s 80 2
 manifest "$T/long.yaml" m s 128 6
 manifest "$T/j3.yaml" m s 3 2
@@ -25,15 +25,12 @@ MPI=(mpirun --bind-to none)
 oks() { grep -c '"status":"ok"' "$1" || true; }
 
 "${MPI[@]}" -np 1 "${GEN[@]}" --jobs "$T/j3.yaml" --output-dir "$T/one" 2>"$T/log" || fail "1 rank: $(cat "$T/log")"
-"${MPI[@]}" -np 32 "${GEN[@]}" --jobs "$T/j40.yaml" --output-dir "$T/r32" 2>"$T/log" || fail "32 ranks: $(tail -5 "$T/log")"
-[ "$(oks "$T/r32/results.jsonl")" = 40 ] || fail "32 ranks: $(oks "$T/r32/results.jsonl") of 40 jobs ok"
-for id in s0 s1 s2; do
-  [ "$(sha_of "$T/r32/results.jsonl" $id)" = "$(sha_of "$T/one/results.jsonl" $id)" ] || fail "32 ranks: $id's frames differ from 1 rank"
-done
-echo "ok: 32 ranks, 40 jobs: every job ok, the frames of 1 rank"
 "${MPI[@]}" -np 64 "${GEN[@]}" --jobs "$T/j80.yaml" --output-dir "$T/r64" 2>"$T/log" || fail "64 ranks: $(tail -5 "$T/log")"
 [ "$(oks "$T/r64/results.jsonl")" = 80 ] || fail "64 ranks: $(oks "$T/r64/results.jsonl") of 80 jobs ok"
-echo "ok: 64 ranks, 80 jobs: every job ok"
+for id in s0 s1 s2; do
+  [ "$(sha_of "$T/r64/results.jsonl" $id)" = "$(sha_of "$T/one/results.jsonl" $id)" ] || fail "64 ranks: $id's frames differ from 1 rank"
+done
+echo "ok: 64 ranks, 80 jobs: every job ok, the frames of 1 rank"
 
 # A rank killed mid-batch at 64 ranks.
 "${MPI[@]}" -np 64 "${GEN[@]}" --jobs "$T/long.yaml" --output-dir "$T/kill" >/dev/null 2>&1 &
