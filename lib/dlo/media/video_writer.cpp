@@ -1,4 +1,5 @@
 #include "dlo/media/video_writer.h"
+#include "dlo/media/image_reader.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -911,6 +912,16 @@ ExistingVideo probe_video(const std::string& path, VideoFormat format) {
     return none;
   }
   return probe_container(target);
+}
+
+RgbImage read_image(const std::string& path) {
+  init_libav();
+  DLO_CHECK(!path.empty(), "an empty image path");
+  check_regular_file(path);
+  const DecodedVideo v = read_container(path);
+  DLO_CHECK(v.frames == 1, "'", path, "' holds ", v.frames, " frames: an input image has one");
+  // This libav (5.1) exports no EXIF orientation: read it from the file's own bytes.
+  return upright(RgbImage{v.width, v.height, v.rgb}, exif_orientation(read_file(path)));
 }
 
 DecodedVideo read_video(const std::string& path) {
