@@ -212,7 +212,7 @@ std::vector<JobField> make_table() {
          return v > 0 ? "" : str("must be a positive number, got ", number(v));
        }),
        [](const JobSpec& j, const ModelInfo& m) { return std::optional<JobFieldValue>(job_scheduler_config(j, m).flow_shift); }});
-  add({"schedule", "schedule", JobFieldType::kText, JobFieldEffect::kFrames, kAll, true,
+  add({"schedule", "schedule", JobFieldType::kText, JobFieldEffect::kFrames, kAllModel, true,
        "the steps' sigmas: `default` (the scheduler's own) or `lightx2v` (the distilled models' grid "
        "shift(1 - i/steps), Euler to 0; docs/distilled.md)",
        "`default`", "`lightx2v` not with scheduler `unipc`", {"default", "lightx2v"}, false,
