@@ -653,6 +653,21 @@ TEST_CASE("a model folder's recommended settings sit below the manifest: job > c
   CHECK(r.manifest.sources[1].at("height").kind == dlo::ManifestFieldSource::kModel);
   CHECK(r.manifest.sources[1].at("width").kind == dlo::ManifestFieldSource::kDefaults);
 
+  // A merged 4-step checkpoint's recipe (docs/distilled.md): its schedule from the folder too,
+  // Euler chosen for it over the folder's UniPC as for a job's own schedule.
+  dlo::test::write_file(d.file("model/dlo_defaults.json"),
+                        R"({"defaults": {"steps": 4, "guidance": 1.0, "schedule": "lightx2v"}})");
+  const Loaded distilled = load(d, "m.yaml", "model: model\njobs:\n  - a fox\n");
+  REQUIRE(distilled.what == "");
+  const dlo::JobSpec& dj = distilled.manifest.jobs[0];
+  CHECK(dj.steps == 4);
+  REQUIRE(dj.schedule.has_value());
+  CHECK(*dj.schedule == dlo::NoiseSchedule::kLightx2v);
+  CHECK(distilled.manifest.sources[0].at("schedule").kind == dlo::ManifestFieldSource::kModel);
+  const dlo::NoiseSchedulerConfig sc = dlo::job_scheduler_config(dj, dlo::read_model_info(d.file("model")));
+  CHECK(sc.kind == dlo::NoiseSchedulerKind::kFlowEuler);
+  CHECK(sc.schedule == dlo::NoiseSchedule::kLightx2v);
+
   // A recommendation the model cannot render is the folder's problem, named once with its file.
   dlo::test::write_file(d.file("model/dlo_defaults.json"), R"({"defaults": {"height": 40, "steps": -1}})");
   const Loaded bad = load(d, "m.yaml", "model: model\njobs:\n  - a fox\n  - a cat\n");
