@@ -155,7 +155,7 @@ at::Tensor wan_vae_patchify(const at::Tensor& x, std::int64_t p);
 
 class WanVae {
  public:
-  // Loads `dir` (a diffusers vae/ folder: config.json + safetensors). Decoder weights are views
+  // Loads `dir` (a diffusers vae/ folder: config.json + safetensors). The weights are views
   // into the mapping when the checkpoint's dtype is `compute`, else converted copies. Throws
   // dlo::Error naming the folder and the field or tensor.
   // `parts`: what is built (the decoder by default; text to video needs nothing else); every
