@@ -603,7 +603,7 @@ TEST_CASE("encoding is causal: the first 1 + 4k frames encode to the first 1 + k
   }
 }
 
-TEST_CASE("the encoder loads only when asked for; a VAE without it refuses encode, and one without the decoder decode") {
+TEST_CASE("the encoder loads only when asked for: a VAE without it refuses encode, and one without the decoder decode") {
   TempDir dir;
   const auto c = WanVaeConfig::preset("wan-vae-test");
   write_random_wan_vae(dir.file("vae"), c, DType::F32, 2, 0);
