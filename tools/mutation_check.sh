@@ -190,6 +190,16 @@ MUTANTS=$(cat <<'EOF'
 194|lib/dlo/config/job.cpp|the schedule left out of the fingerprint and the metadata|"if (j.schedule.value_or(NoiseSchedule::kDefault) == NoiseSchedule::kDefault) return std::nullopt;"|"return std::nullopt;"
 195|lib/dlo/config/job.cpp|schedule lightx2v beside scheduler unipc not refused at the job|"*job.schedule != NoiseSchedule::kDefault && job.scheduler == NoiseSchedulerKind::kUniPC"|"false"
 196|lib/dlo/config/job.cpp|the job's schedule not passed to its noise scheduler|"with_overrides(job.scheduler, job.flow_shift, job.schedule)"|"with_overrides(job.scheduler, job.flow_shift)"
+210|lib/dlo/models/wan_vae.cpp|VAE encode: frame 0 not split off (chunks of 4 from frame 0)|"i == 0 ? x.slice(2, 0, 1) : x.slice(2, 1 + 4 * (i - 1), 1 + 4 * i)"|"x.slice(2, 4 * i, 4 * i + 4)"
+211|lib/dlo/models/wan_vae.cpp|VAE encode: a temporal downsampler's cache not carried on (chunk 0's frame kept)|"      x = at::conv3d(at::cat({cache.frames.slice(2, -1), x}, 2), w.time_conv.w, w.time_conv.b, {2, 1, 1});\n      cache.frames = cache_x;"|"      x = at::conv3d(at::cat({cache.frames.slice(2, -1), x}, 2), w.time_conv.w, w.time_conv.b, {2, 1, 1});"
+212|lib/dlo/models/wan_vae.cpp|VAE encode: the posterior's logvar half returned instead of its mean|"return enc.narrow(1, 0, config_.z_dim).contiguous();"|"return enc.narrow(1, config_.z_dim, config_.z_dim).contiguous();"
+213|lib/dlo/models/wan_vae.cpp|VAE encode (Wan2.2): patchify packs the row offset before the column offset|"permute({0, 1, 6, 4, 2, 3, 5})"|"permute({0, 1, 4, 6, 2, 3, 5})"
+214|lib/dlo/models/wan_vae.cpp|VAE encode (Wan2.2): the last stage (no downsampler) adds no shortcut of its input|"          db.shortcut = true;\n          db.shortcut_out = c.base_dim"|"          db.shortcut = down;\n          db.shortcut_out = c.base_dim"
+215|lib/dlo/models/wan_vae.cpp|VAE encode: the downsamplers zero-pad left and top instead of right and bottom|"at::conv2d(at::pad(x, {0, 1, 0, 1})"|"at::conv2d(at::pad(x, {1, 0, 1, 0})"
+216|lib/dlo/models/wan_vae.cpp|VAE normalize: the mean subtracted after the scaling|"return (latents - m) * inv_std;"|"return latents * inv_std - m;"
+217|lib/dlo/models/wan_vae.cpp|VAE encode: quant_conv left out|"const at::Tensor enc = wan_causal_conv3d(out.size() == 1 ? out[0] : at::cat(out, 2), enc_.quant_conv, {0, 0, 0});"|"const at::Tensor enc = out.size() == 1 ? out[0] : at::cat(out, 2);"
+218|lib/dlo/config/wan_vae_config.cpp|VAE encode memory: the CPU conv3d's column buffer left out|"const std::int64_t columns = in * 27 * t * h * w;"|"const std::int64_t columns = 0;"
+219|lib/dlo/models/wan_vae.h|VAE: a decoder-only load builds and runs the encoder too (text to video pays its memory)|"bool has_encoder() const { return parts_ != WanVaeParts::kDecoder; }"|"bool has_encoder() const { return true; }"
 EOF
 )
 

@@ -21,7 +21,7 @@ const at::Tensor& require_input(const TensorMap& inputs, const std::string& key,
   return it->second;
 }
 
-std::vector<std::string> component_names() { return {"transformer", "transformer_2", "vae", "text_encoder", "tokenizer"}; }
+std::vector<std::string> component_names() { return {"transformer", "transformer_2", "vae", "vae_encoder", "text_encoder", "tokenizer"}; }
 
 namespace {
 
@@ -87,6 +87,16 @@ TensorMap run_component(const std::string& model_dir, const std::string& compone
     const at::Tensor& x = require_input(inputs, "latents", component);
     at::Tensor out = with_context("vae decode", [&] { return timed([&] { return model.decode(model.denormalize(x)); }); });
     return {{"output", out}};
+  }
+  if (component == "vae_encoder") {
+    // video [B, 3, F, H, W] in [-1, 1], as WanImageToVideoPipeline's condition video: "latents" is
+    // vae.encode(video).latent_dist.mode() (= "output"), "latents_normalized" the pipeline's
+    // (latents - latents_mean) * (1 / latents_std) of it.
+    auto model = WanVae::load(parts.vae_weights(), read_vae_config(parts), options.dtype, WanVaeParts::kEncoder);
+    for (const auto& w : model.config().warnings) stats.warnings.push_back(w);
+    const at::Tensor& x = require_input(inputs, "video", component);
+    at::Tensor latents = with_context("vae encode", [&] { return timed([&] { return model.encode(x); }); });
+    return {{"output", latents}, {"latents", latents}, {"latents_normalized", model.normalize(latents)}};
   }
   if (component == "text_encoder" || component == "tokenizer") {
     // Like WanPipeline._get_t5_prompt_embeds: prompts are cleaned (unless input "clean" is 0),

@@ -68,7 +68,9 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
       "(as the job field loras)", cxxopts::value<std::string>())(
       "component", "transformer, transformer_2 (Wan2.2 A14B's low-noise expert, as transformer), vae (input latents [B, 16, F, H, W] as the transformer outputs them; de-normalised "
       "with the config's latents_mean/std as WanPipeline does, then decoded: output [B, 3, 1 + 4 (F - 1), 8 H, 8 W] "
-      "in [-1, 1]), text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
+      "in [-1, 1]), vae_encoder (input video [B, 3, F = 1 + 4k, H, W] in [-1, 1]; outputs latents, vae.encode(video)'s "
+      "posterior mean, and latents_normalized, (latents - latents_mean) / latents_std as WanImageToVideoPipeline "
+      "computes it), text_encoder (inputs input_ids [+ attention_mask], or --prompt / "
       "text + text_lengths [+ max_sequence_length, clean, compact]; output [B, L, d_model] as the "
       "pipeline's prompt_embeds) or tokenizer",
       cxxopts::value<std::string>())(
@@ -117,7 +119,8 @@ int run(dlo::MpiWorld& world, int argc, char** argv) {
   for (const char* given : {"transformer", "transformer-2", "fuse-lora", "lora"})
     DLO_CHECK(!args.count(given) || args["component"].as<std::string>().rfind("transformer", 0) == 0, "--", given,
               " is for --component transformer or transformer_2");
-  DLO_CHECK(!args.count("vae") || args["component"].as<std::string>() == "vae", "--vae is for --component vae");
+  DLO_CHECK(!args.count("vae") || args["component"].as<std::string>().rfind("vae", 0) == 0,
+            "--vae is for --component vae or vae_encoder");
   world.set_timeout_s(dlo::gather_timeout_setting(std::getenv("DLO_GATHER_TIMEOUT_S")));
   const auto dtype = dlo::parse_compute_dtype(args["dtype"].as<std::string>(), "--dtype");
   std::string note;

@@ -4,15 +4,21 @@
 // tools/reference/wan_vae_parity.py (label parity).
 #include "common/doctest_torch.h"
 
+#include <map>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 
+#include <c10/core/CPUAllocator.h>
 #include <nlohmann/json.hpp>
 
 #include "common/test_util.h"
 #include "dlo/common/error.h"
 #include "dlo/io/json_config.h"
 #include "dlo/testing/make_model.h"
+#include "dlo/config/wan_tensor_names.h"
+#include "dlo/config/wan_vae_names.h"
+#include "dlo/io/safetensors_writer.h"
 #include "dlo/models/wan_vae.h"
 #include "models/golden.h"
 
@@ -428,4 +434,277 @@ TEST_CASE("dlo-checkpoint make writes the VAE with its model_index entry, determ
   CHECK(d.dim_mult == std::vector<std::int64_t>{1, 2, 4, 4});
   CHECK(d.num_res_blocks == 2);
   CHECK(d.temperal_downsample == std::vector<bool>{false, true, true});
+}
+
+namespace {
+
+// The CPU allocator, counting: the bytes of tensor storage held now and at the peak since reset().
+// Installed for its lifetime (c10::SetCPUAllocator; mmap'ed weights are no allocations). oneDNN
+// frees through raw_deleter(), so the pointers are plain (data == context) and their sizes kept in
+// a table; one instance at a time.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  CountingCpuAllocator() : base_(c10::GetCPUAllocator()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    start_ = peak_ = now_;
+    c10::SetCPUAllocator(this, kPriority);
+  }
+  ~CountingCpuAllocator() override {
+    c10::SetCPUAllocator(base_, kPriority);
+    // Storage allocated while counting but freed later goes back through release(): keep the table.
+  }
+  CountingCpuAllocator(const CountingCpuAllocator&) = delete;
+  CountingCpuAllocator& operator=(const CountingCpuAllocator&) = delete;
+  // The most bytes held at once since construction, beyond those held then.
+  std::int64_t peak() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_ - start_;
+  }
+  c10::DataPtr allocate(std::size_t n) override {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    std::lock_guard<std::mutex> lock(mutex_);
+    base_deleter_ = inner.get_deleter();
+    (void)inner.release_context();  // freed by release()
+    sizes_[data] = static_cast<std::int64_t>(n);
+    now_ += static_cast<std::int64_t>(n);
+    peak_ = std::max(peak_, now_);
+    return {data, data, &release, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+
+ private:
+  static constexpr std::uint8_t kPriority = 200;
+  static void release(void* p) {
+    c10::DeleterFnPtr free_base = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = sizes_.find(p);
+      if (it != sizes_.end()) {
+        now_ -= it->second;
+        sizes_.erase(it);
+      }
+      free_base = base_deleter_;
+    }
+    free_base(p);
+  }
+  c10::Allocator* base_;
+  static inline std::mutex mutex_;
+  static inline std::map<void*, std::int64_t> sizes_;
+  static inline std::int64_t now_ = 0, peak_ = 0, start_ = 0;
+  static inline c10::DeleterFnPtr base_deleter_ = nullptr;
+};
+
+}  // namespace
+
+// The estimate against what encode allocates, measured: the CPU allocator counts every tensor's
+// storage (the mmap'ed weights are none). 1 frame (chunk 0 alone) and 9 (the caches full), two
+// sizes, fp32 and bf16, both VAE structures. Measured within 0.3 % (the estimate leaves out the
+// small temporaries of the norms and resamplers, which do not overlap the largest conv); the bar is 3 %.
+TEST_CASE("wan_vae_encode_memory: the peak encode allocates on the CPU, measured, within 3 %") {
+  at::set_num_threads(1);
+  TempDir dir;
+  for (const std::string preset : {"wan2.1-vae-small", "wan2.2-vae-test"}) {
+    const WanVaeConfig c = WanVaeConfig::preset(preset);
+    write_random_wan_vae(dir.file(preset), c, DType::F32, 3, 0);
+    for (const auto dt : {at::kFloat, at::kBFloat16}) {
+      const auto m = WanVae::load(dir.file(preset), c, dt, WanVaeParts::kEncoder);
+      for (const std::int64_t f : {1, 9}) {
+        for (const auto& [h, w] : {std::pair<std::int64_t, std::int64_t>{32, 48}, {64, 32}}) {
+          if (dt != at::kFloat && h != 32) continue;
+          CAPTURE(preset);
+          CAPTURE(dt);
+          CAPTURE(f);
+          CAPTURE(h);
+          const at::Tensor video = (at::rand({1, 3, f, h, w}) * 2 - 1).to(dt);
+          std::int64_t peak = 0;
+          {
+            CountingCpuAllocator counter;
+            (void)m.encode(video);
+            peak = counter.peak();
+          }
+          const auto est = wan_vae_encode_memory(c, f, h, w, static_cast<std::int64_t>(c10::elementSize(dt)));
+          CHECK(est.columns > est.working);  // the CPU's column buffer is the largest part
+          CHECK(static_cast<double>(est.host()) == doctest::Approx(static_cast<double>(peak)).epsilon(0.03));
+        }
+      }
+    }
+  }
+  // The real Wan2.1 VAE on an 81-frame 480x832 condition video (Wan2.1 / Wan2.2 I2V), fp32: the
+  // first stage's 96 channels x 27 x 4 frames of columns alone are 15.4 GiB on the CPU.
+  const auto real = wan_vae_encode_memory(WanVaeConfig::preset("wan2.1-vae"), 81, 480, 832, 4);
+  CHECK(real.columns == 96ull * 27 * 4 * 480 * 832 * 4);
+  MESSAGE("Wan2.1 VAE encode of 81 x 480 x 832 in fp32: host ", real.host(), " B, device ", real.device(), " B");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The encoder
+
+namespace {
+
+// Encodes the golden `name`'s video with the VAE its config and seed describe, and checks the
+// posterior mean and its normalisation against diffusers' (golden.h: bitwise on the CPU that made
+// it, elsewhere within its bar).
+void check_vae_encode_golden(const std::string& name) {
+  CAPTURE(name);
+  at::set_num_threads(1);
+  const dlo::test::Golden g(name);
+  TempDir dir;
+  const auto c = WanVaeConfig::from_json(JsonConfig::parse(g.meta("config"), name));
+  write_random_wan_vae(dir.file("vae"), c, g.weights_dtype(), g.seed(), 0);
+  g.check_weights(dir.file("vae"));
+  const auto m = WanVae::load(dir.file("vae"), g.compute_dtype(), WanVaeParts::kEncoder);
+  const at::Tensor z = m.encode(g.get("video"));
+  const at::Tensor want = g.get("output");
+  REQUIRE(z.sizes() == want.sizes());
+  REQUIRE((z.scalar_type() == want.scalar_type()));
+  g.check_output(z, want);
+  g.check_output(m.normalize(z), g.get("latents_normalized"));
+}
+
+}  // namespace
+
+// diffusers' AutoencoderKLWan.encode(video).latent_dist.mode() and WanImageToVideoPipeline's
+// normalisation on the same weights: 9 frames (frame 0 alone, a chunk of 4 on caches of 1 frame,
+// one on full caches) of the real Wan2.1 structure at base_dim 16, and of the Wan2.2 structure
+// (2x2 patchify, residual stages with AvgDown3D shortcuts, z_dim 48) at base_dim 8.
+TEST_CASE("encode equals diffusers' (the I2V pipeline's) golden, Wan2.1's encoder and Wan2.2's residual one") {
+  for (const std::string name : {"wan_vae_encode_fp32", "wan_vae22_encode_fp32"}) check_vae_encode_golden(name);
+}
+
+// Not bit for bit: quant_conv runs over all latent frames at once, and every conv over the batch,
+// as one GEMM whose blocking (so rounding) depends on its size. Measured rel 1e-7 at most; bar 1e-5.
+TEST_CASE("encoding is causal: the first 1 + 4k frames encode to the first 1 + k latent frames") {
+  at::set_num_threads(1);
+  TempDir dir;
+  for (const std::string preset : {"wan-vae-test", "wan2.2-vae-test"}) {
+    CAPTURE(preset);
+    const auto c = WanVaeConfig::preset(preset);
+    write_random_wan_vae(dir.file(preset), c, DType::F32, 6, 0);
+    const auto m = WanVae::load(dir.file(preset), c, at::kFloat, WanVaeParts::kEncoder);
+    at::manual_seed(6);
+    const at::Tensor video = at::rand({2, 3, 9, 16, 32}) * 2 - 1;
+    const at::Tensor all = m.encode(video);
+    REQUIRE(all.sizes() == at::IntArrayRef{2, c.z_dim, 3, 16 / c.scale_factor_spatial, 32 / c.scale_factor_spatial});
+    for (std::int64_t k = 0; k <= 1; ++k) {
+      CAPTURE(k);
+      const double err = rel_err(m.encode(video.narrow(2, 0, 1 + 4 * k)), all.narrow(2, 0, 1 + k));
+      CHECK(err < 1e-5);
+    }
+    // Each video of a batch alone: the same latents.
+    CHECK(rel_err(m.encode(video.narrow(0, 1, 1)), all.narrow(0, 1, 1)) < 1e-5);
+    // A change in frame 1 leaves latent frame 0 and reaches latent frame 2 (through the caches).
+    at::Tensor changed = video.clone();
+    changed.narrow(2, 1, 1).fill_(0.5);
+    const at::Tensor z2 = m.encode(changed);
+    CHECK(rel_err(z2.narrow(2, 0, 1), all.narrow(2, 0, 1)) < 1e-5);
+    CHECK(rel_err(z2.narrow(2, 2, 1), all.narrow(2, 2, 1)) > 1e-3);
+  }
+}
+
+TEST_CASE("the encoder loads only when asked for: a VAE without it refuses encode, and one without the decoder decode") {
+  TempDir dir;
+  const auto c = WanVaeConfig::preset("wan-vae-test");
+  write_random_wan_vae(dir.file("vae"), c, DType::F32, 2, 0);
+  const auto dec = WanVae::load(dir.file("vae"), at::kFloat);  // text to video: the decoder only
+  CHECK(dec.has_decoder());
+  CHECK_FALSE(dec.has_encoder());
+  CHECK_FALSE(dec.encoder().conv_in.w.defined());
+  CHECK(dec.encoder().down_blocks.empty());
+  const at::Tensor video = at::rand({1, 3, 5, 16, 16});
+  CHECK_THROWS_WITH_AS(dec.encode(video), doctest::Contains("vae encode: the VAE was loaded without its encoder"), Error);
+  const auto enc = WanVae::load(dir.file("vae"), at::kFloat, WanVaeParts::kEncoder);
+  CHECK_FALSE(enc.decoder().conv_in.w.defined());
+  CHECK_THROWS_WITH_AS(enc.decode(at::randn({1, 16, 1, 2, 2})), doctest::Contains("loaded without its decoder"), Error);
+  const auto both = WanVae::load(dir.file("vae"), at::kFloat, WanVaeParts::kEncoderAndDecoder);
+  CHECK(at::equal(both.encode(video), enc.encode(video)));
+  const at::Tensor z = at::randn({1, 16, 2, 2, 2});
+  CHECK(at::equal(both.decode(z), dec.decode(z)));
+  // The encoder's weights in the compute dtype are views into the mapping, as the decoder's.
+  const auto& map = enc.weights().checkpoint().files()[0]->mapping();
+  const auto* p = static_cast<const std::byte*>(enc.encoder().down_blocks[1].time_conv.w.data_ptr());
+  CHECK((p >= map->data() && p < map->data() + map->size()));
+  CHECK(enc.encoder().down_blocks[0].mode == WanVaeDownsample::kSpatial);
+  CHECK(enc.encoder().down_blocks[1].mode == WanVaeDownsample::kTemporal);
+  CHECK(enc.encoder().down_blocks[3].mode == WanVaeDownsample::kNone);
+}
+
+TEST_CASE("bad videos are refused with the input named, before any work") {
+  TempDir dir;
+  write_random_wan_vae(dir.file("a"), WanVaeConfig::preset("wan-vae-test"), DType::F32, 1, 0);
+  write_random_wan_vae(dir.file("b"), WanVaeConfig::preset("wan2.2-vae-test"), DType::F32, 1, 0);
+  const auto m = WanVae::load(dir.file("a"), at::kFloat, WanVaeParts::kEncoder);
+  const auto m22 = WanVae::load(dir.file("b"), WanVaeConfig::preset("wan2.2-vae-test"), at::kFloat, WanVaeParts::kEncoder);
+  CHECK_THROWS_WITH_AS(m.encode(at::rand({1, 4, 5, 16, 16})), "video must be [B, 3, F, H, W], got [1, 4, 5, 16, 16]", Error);
+  CHECK_THROWS_WITH_AS(m.encode(at::rand({3, 5, 16, 16})), doctest::Contains("video must be [B, 3, F, H, W]"), Error);
+  CHECK_THROWS_WITH_AS(m.encode(at::rand({1, 3, 6, 16, 16})),
+                       "video has 6 frames; the encoder takes 1 + 4k (frame 0, then chunks of 4; diffusers would drop the last 1)",
+                       Error);
+  CHECK_THROWS_WITH_AS(m.encode(at::rand({1, 3, 0, 16, 16})), "video is empty: [1, 3, 0, 16, 16]", Error);
+  CHECK_THROWS_WITH_AS(m.encode(at::zeros({1, 3, 1, 16, 16}, at::kByte)), doctest::Contains("video must be floating point"), Error);
+  CHECK_THROWS_WITH_AS(m.encode(at::rand({1, 3, 1, 7, 16})),
+                       "video is 7x16 pixels; the encoder's 3 downsamplings need at least 8", Error);
+  CHECK(m.encode(at::rand({1, 3, 1, 9, 13})).sizes() == at::IntArrayRef{1, 16, 1, 1, 1});  // Wan2.1: any size >= 8
+  CHECK_THROWS_WITH_AS(m22.encode(at::rand({1, 3, 1, 16, 17})),
+                       "video is 16x17 pixels; patch_size 2 needs multiples of 2", Error);
+  CHECK_THROWS_WITH_AS(m22.encode(at::rand({1, 3, 1, 16, 24})),
+                       "video is 16x24 pixels; the encoder's 3 downsamplings need multiples of 16", Error);
+  // Attention in the encoder's stages (attn_scales): diffusers cannot encode with it either.
+  auto attn = WanVaeConfig::preset("wan-vae-test");
+  attn.attn_scales = {0.5};
+  write_random_wan_vae(dir.file("c"), attn, DType::F32, 1, 0);
+  CHECK_NOTHROW(WanVae::load(dir.file("c"), at::kFloat));
+  CHECK_THROWS_WITH_AS(WanVae::load(dir.file("c"), at::kFloat, WanVaeParts::kEncoder),
+                       doctest::Contains("the encoder has attention blocks in its stage 1 (field 'attn_scales')"), Error);
+}
+
+// --vae FILE: an original-layout single file (Wan-AI's Wan2.1_VAE / Wan2.2_VAE, ComfyUI's) holds the
+// encoder under the original names too (encoder.downsamples.N[.downsamples.M].residual.K, head,
+// conv1 = quant_conv); read through the name table, it encodes as the folder does.
+TEST_CASE("the single-file VAE in the original Wan2.1 and Wan2.2 layouts loads its encoder and encodes as the folder") {
+  at::set_num_threads(1);
+  TempDir dir;
+  for (const std::string preset : {"wan2.1-vae-small", "wan2.2-vae-test"}) {
+    CAPTURE(preset);
+    const auto c = WanVaeConfig::preset(preset);
+    write_random_wan_vae(dir.file(preset + "/vae"), c, DType::F32, 4, 0);
+    {
+      Checkpoint ck = open_wan_vae(dir.file(preset + "/vae"));
+      WanVaeKeyLayout to;
+      to.original = true;
+      to.wan22 = c.is_residual;
+      to.num_res_blocks = c.num_res_blocks;
+      ck.rename_tensors([&](const std::string& n) { return *wan_vae_diffusers_to_original(n, to); });
+      WriteOptions w;
+      w.base_name = "original_vae";
+      copy_checkpoint(ck, dir.file(preset + "/file"), w);
+    }
+    const std::string file = dir.file(preset + "/file/original_vae.safetensors");
+    REQUIRE(Checkpoint::open(file).find("encoder.conv1.weight") != nullptr);  // the original names
+    REQUIRE(Checkpoint::open(file).find("conv1.bias") != nullptr);            // quant_conv
+    std::string matched;
+    const auto from_file = infer_wan_vae_config(tensor_shapes(open_wan_vae(file)), nullptr, file, &matched);
+    CHECK(matched == preset);
+    const auto a = WanVae::load(dir.file(preset + "/vae"), at::kFloat, WanVaeParts::kEncoder);
+    const auto b = WanVae::load(file, from_file, at::kFloat, WanVaeParts::kEncoder);
+    const at::Tensor video = at::rand({1, 3, 5, 32, 16}) * 2 - 1;
+    CHECK(at::equal(b.encode(video), a.encode(video)));
+    CHECK(at::equal(b.encoder().quant_conv.w, a.encoder().quant_conv.w));
+  }
+}
+
+TEST_CASE("normalize: (latents - latents_mean) * (1 / latents_std) in fp32, by hand") {
+  TempDir dir;
+  const auto c = WanVaeConfig::preset("wan2.2-vae-test");
+  write_random_wan_vae(dir.file("vae"), c, DType::F32, 1, 0);
+  const auto m = WanVae::load(dir.file("vae"), c, at::kBFloat16, WanVaeParts::kEncoder);
+  const at::Tensor lat = at::randn({2, c.z_dim, 2, 3, 3}).to(at::kBFloat16);
+  const at::Tensor n = m.normalize(lat);
+  CHECK((n.scalar_type() == at::kFloat));  // the pipeline's condition is fp32 whatever the VAE's dtype
+  const at::Tensor mean = at::tensor(c.latents_mean).view({1, c.z_dim, 1, 1, 1});
+  const at::Tensor std_ = at::tensor(c.latents_std).view({1, c.z_dim, 1, 1, 1});
+  CHECK(rel_err(n, (lat.to(at::kDouble) - mean) / std_) < 1e-6);
+  // The denormalisation undoes it (to rounding).
+  CHECK(rel_err(m.denormalize(n).to(at::kDouble), lat.to(at::kDouble)) < 1e-2);
 }

@@ -4,7 +4,7 @@
 The `cpu` label alone must catch a wrong RoPE, block, bucket or VAE cache: these files hold small
 inputs and the reference outputs that diffusers' WanTransformer3DModel, transformers'
 UMT5EncoderModel (+ WanPipeline's trim and pad) and diffusers' AutoencoderKLWan (+ WanPipeline's
-de-normalisation) compute for them. No weights are stored: each golden's weights are written by
+de-normalisation; its encoder + WanImageToVideoPipeline's normalisation) compute for them. No weights are stored: each golden's weights are written by
 `dlo-checkpoint make` with the flags below, whose values depend only on (seed, tensor name), and
 the C++ tests write the same tensors with write_random_wan_transformer / write_random_umt5_encoder
 / write_random_wan_vae from the config and seed kept in the file's metadata. The metadata also
@@ -89,6 +89,12 @@ GOLDENS = [
     # 2 latent frames (the first chunk, whose DupUp3D drops its leading frame, and one after it) of
     # 1x2 (not square: a swapped height/width in a pixel regrouping shows): 5 frames of 16x32, 30 KB.
     ("wan_vae22_fp32", "vae", VAE22_CONFIG, "fp32", "fp32", 12, dict(batch=1, frames=2, height=1, width=2)),
+    # The encoders (WanImageToVideoPipeline's retrieve_latents(vae.encode(video), "argmax") and its
+    # normalisation): 9 frames (frame 0 alone, then two 4-frame chunks, the second with full
+    # caches) of 16x24 (Wan2.1: not square) and 16x32 (Wan2.2: its 2x2 patchify, AvgDown3D shortcuts).
+    ("wan_vae_encode_fp32", "vae_encoder", V_FLAGS, "fp32", "fp32", 13, dict(batch=1, frames=9, height=16, width=24)),
+    ("wan_vae22_encode_fp32", "vae_encoder", VAE22_CONFIG, "fp32", "fp32", 14,
+     dict(batch=1, frames=9, height=16, width=32)),
 ]
 
 
@@ -209,6 +215,22 @@ def vae(folder, dtype, seed, s):
     return {"latents": latents.contiguous(), "output": out.contiguous()}
 
 
+def vae_encoder(folder, dtype, seed, s):
+    from diffusers import AutoencoderKLWan
+    from diffusers.pipelines.wan.pipeline_wan_i2v import retrieve_latents
+    m = AutoencoderKLWan.from_pretrained(folder, torch_dtype=dtype).eval()
+    cfg = m.config
+    g = torch.Generator("cpu").manual_seed(seed + 1)
+    video = torch.rand((s["batch"], 3, s["frames"], s["height"], s["width"]), generator=g) * 2 - 1
+    # WanImageToVideoPipeline.prepare_latents (pipelines/wan/pipeline_wan_i2v.py).
+    with torch.no_grad():
+        latents = retrieve_latents(m.encode(video.to(m.dtype)), sample_mode="argmax")
+        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to("cpu", torch.float32)
+        std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to("cpu", torch.float32)
+        normalized = (latents.to(torch.float32) - mean) * std
+    return {"video": video.contiguous(), "output": latents.contiguous(), "latents_normalized": normalized.contiguous()}
+
+
 def compare(path, tensors, meta):
     """Names of the tensors / metadata of `path` that differ from the recomputed ones: bitwise on the CPU
     that made the file, elsewhere within golden.h's bars (rel 1e-5 fp32, 2e-2 bf16; integers equal)."""
@@ -249,7 +271,7 @@ def main():
     torch.set_num_threads(1)
     if not args.check:
         os.makedirs(args.out, exist_ok=True)
-    run = {"transformer": transformer, "text_encoder": text_encoder, "vae": vae}
+    run = {"transformer": transformer, "text_encoder": text_encoder, "vae": vae, "vae_encoder": vae_encoder}
     import diffusers
     import transformers
     differ = []
@@ -258,12 +280,12 @@ def main():
             continue
         with tempfile.TemporaryDirectory() as tmp:
             if isinstance(flags, dict):  # a VAE config dlo-checkpoint make cannot express (fp32 weights)
-                assert comp == "vae" and wdt == "fp32"
+                assert comp.startswith("vae") and wdt == "fp32"
                 check_random_writer(args.bin, tmp, seed)
                 folder = write_random_vae(os.path.join(tmp, "vae"), flags, seed)
                 how = f"write_random_vae(VAE22_CONFIG, seed {seed})"
             else:
-                folder = os.path.join(make(args.bin, tmp, flags, wdt, seed), comp)
+                folder = os.path.join(make(args.bin, tmp, flags, wdt, seed), "vae" if comp == "vae_encoder" else comp)
                 how = f"dlo-checkpoint make {' '.join(flags)} --seed {seed} (--dtype {wdt})"
             tensors = run[comp](folder, DTYPES[cdt], seed, sizes)
             meta = {"component": comp, "cpu": cpu_fingerprint(), "config": open(os.path.join(folder, "config.json")).read(), "seed": str(seed),

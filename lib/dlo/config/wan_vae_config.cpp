@@ -392,6 +392,57 @@ std::vector<TensorSpec> wan_vae_specs(const WanVaeConfig& c, DType dtype, bool i
   return out;
 }
 
+WanVaeEncodeMemory wan_vae_encode_memory(const WanVaeConfig& c, std::int64_t frames, std::int64_t height,
+                                         std::int64_t width, std::int64_t element_bytes) {
+  // Element counts; a chunk is 4 frames (frame 0 alone when there is nothing else).
+  const std::int64_t p = c.patch(), e = element_bytes, n = static_cast<std::int64_t>(c.dim_mult.size());
+  std::int64_t h = height / p, w = width / p, t = frames > 1 ? 4 : 1;
+  const std::int64_t cache_t = frames > 1 ? 2 : 1;  // the caches' frames (1 after frame 0 alone)
+  // Frame 0 alone: only the caches of the convs before the largest moment exist then.
+  std::int64_t caches = 0, best = -1, best_working = 0, best_columns = 0, best_caches = 0;
+  // A cached 3x3x3 conv of `in` -> `out` channels on the current chunk while `held` elements wait.
+  const auto conv = [&](std::int64_t in, std::int64_t out, std::int64_t held) {
+    const std::int64_t working = held + (t + 2) * in * (h + 2) * (w + 2) + t * out * h * w + std::min<std::int64_t>(t, 2) * in * h * w;
+    const std::int64_t columns = in * 27 * t * h * w;
+    const std::int64_t total = working + columns + (frames > 1 ? 0 : caches);
+    if (total > best) best = total, best_working = working, best_columns = columns, best_caches = caches;
+    caches += cache_t * in * h * w;
+  };
+  std::vector<std::int64_t> dims{c.base_dim};
+  for (auto m : c.dim_mult) dims.push_back(c.base_dim * m);
+  // A residual block: its input (and its shortcut's output) held through both convs.
+  const auto res = [&](std::int64_t in, std::int64_t out, std::int64_t stage_in) {
+    const std::int64_t held = t * in * h * w + (in != out ? t * out * h * w : 0) + stage_in;
+    conv(in, out, held);
+    conv(out, out, held);
+  };
+  conv(c.in_channels, dims[0], 0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t stage_in = t * dims[i] * h * w;  // the residual stage's input, for its shortcut
+    for (std::int64_t r = 0; r < c.num_res_blocks; ++r)
+      res(r == 0 ? dims[i] : dims[i + 1], dims[i + 1], c.is_residual && r > 0 ? stage_in : 0);
+    if (i + 1 == n) break;
+    h /= 2;
+    w /= 2;
+    if (c.temperal_downsample[i]) {
+      caches += dims[i + 1] * h * w;  // the time_conv's last frame
+      t = std::max<std::int64_t>(1, t / 2);
+    }
+  }
+  res(dims[n], dims[n], 0);
+  res(dims[n], dims[n], 0);
+  conv(dims[n], 2 * c.z_dim, 0);
+  const std::int64_t latent_frames = 1 + (frames - 1) / 4 * 4 / c.scale_factor_temporal;
+  WanVaeEncodeMemory m;
+  m.caches = static_cast<std::uint64_t>((frames > 1 ? caches : best_caches) * e);
+  m.working = static_cast<std::uint64_t>(best_working * e);
+  m.columns = static_cast<std::uint64_t>(best_columns * e);
+  // The chunks' outputs, joined, quant_conv's output and its mean half.
+  const std::int64_t latents = 2 * c.z_dim * latent_frames * h * w * 3;
+  m.video = static_cast<std::uint64_t>(((p > 1 ? c.in_channels * frames * (height / p) * (width / p) : 0) + latents) * e);
+  return m;
+}
+
 }  // namespace dlo
 
 namespace dlo {

@@ -73,6 +73,34 @@ struct WanVaeConfig {
 // decoder), with the given dtype. With include_encoder=false, only post_quant_conv and decoder.
 std::vector<TensorSpec> wan_vae_specs(const WanVaeConfig& c, DType dtype, bool include_encoder = true);
 
+// What one WanVae::encode of a [1, video channels, frames, height, width] video holds at its peak,
+// in bytes, beyond the video itself and the weights, with elements of `element_bytes` (the VAE's
+// dtype: 4 for fp32, 2 for bf16); B videos take B times as much. Counted from the tensors encode
+// allocates (models/wan_vae.cpp) at its largest moment: a cached conv of a 4-frame chunk in the
+// first stage at full resolution (for the real VAEs: the second conv of a residual block, or
+// conv_in of the 12 patchified channels), with every cache carried between chunks alive. Checked
+// against the CPU allocator's measured peak (tests/models/test_wan_vae.cpp: within 0.3 %, the bar 3 %).
+// Torch-free.
+struct WanVaeEncodeMemory {
+  // Every cached conv's last 2 frames of input (1 while the second chunk runs) and every temporal
+  // downsampler's last frame, carried from chunk to chunk.
+  std::uint64_t caches = 0;
+  // At the largest moment: the conv's input zero-padded (2 frames in front, a pixel around), its
+  // output, its new cache, and what the residual block holds meanwhile (its input, its shortcut,
+  // the residual stage's input).
+  std::uint64_t working = 0;
+  // At that moment, the CPU's conv3d column buffer (libtorch's slow_conv3d: in channels x 27 x
+  // frames x height x width, the largest term for the real VAEs); CUDA's convolutions do not make it.
+  std::uint64_t columns = 0;
+  // The patchified copy of the video (a patch_size VAE; a video in another dtype than the VAE's
+  // adds its converted copy, not counted), and the latents.
+  std::uint64_t video = 0;
+  std::uint64_t host() const { return caches + working + columns + video; }   // encode on the CPU
+  std::uint64_t device() const { return caches + working + video; }            // on a CUDA device
+};
+WanVaeEncodeMemory wan_vae_encode_memory(const WanVaeConfig& c, std::int64_t frames, std::int64_t height,
+                                         std::int64_t width, std::int64_t element_bytes);
+
 // The config of the VAE whose tensors are `shapes` (diffusers name -> shape; named `label` in
 // errors). The shapes show z_dim (post_quant_conv), base_dim and in_channels (encoder.conv_in),
 // the decoder's width (decoder.conv_in), out_channels (decoder.conv_out), the stages (decoder up

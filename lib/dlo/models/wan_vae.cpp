@@ -179,6 +179,71 @@ at::Tensor wan_vae_decoder_chunk(const WanVaeDecoderWeights& w, const at::Tensor
   return x;
 }
 
+namespace {
+
+// [WanResample] downsample2d / downsample3d: per frame, zero-pad right and bottom, a Conv2d of
+// stride 2; then (3d) the causal time_conv of stride 2 over the last frame before the chunk and
+// the chunk's, but for chunk 0, whose frame is only stored.
+at::Tensor downsample(const WanVaeDownBlockWeights& w, const at::Tensor& in, WanVaeEncodeState& st) {
+  const std::int64_t b = in.size(0), c = in.size(1), t = in.size(2), h = in.size(3), wd = in.size(4);
+  at::Tensor x = in.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, wd});
+  x = at::conv2d(at::pad(x, {0, 1, 0, 1}), w.resample.w, w.resample.b, 2);
+  x = x.view({b, t, x.size(1), x.size(2), x.size(3)}).permute({0, 2, 1, 3, 4});
+  if (w.mode == WanVaeDownsample::kTemporal) {
+    WanCausalCache& cache = st.take();
+    if (!cache.frames.defined()) {
+      cache.frames = x.clone();
+    } else {
+      at::Tensor cache_x = x.slice(2, -1).clone();
+      x = at::conv3d(at::cat({cache.frames.slice(2, -1), x}, 2), w.time_conv.w, w.time_conv.b, {2, 1, 1});
+      cache.frames = cache_x;
+    }
+  }
+  return x;
+}
+
+// [AvgDown3D] zero frames in front up to a multiple of factor_t, then each group of
+// channels x factor_t frames x factor_s^2 pixels averaged into one of shortcut_out channels.
+at::Tensor avg_down(const WanVaeDownBlockWeights& w, const at::Tensor& in) {
+  const std::int64_t ft = w.factor_t, fs = w.factor_s;
+  const std::int64_t pad_t = (ft - in.size(2) % ft) % ft;
+  const at::Tensor x = pad_t > 0 ? at::pad(in, {0, 0, 0, 0, pad_t, 0}) : in;
+  const std::int64_t b = x.size(0), c = x.size(1), t = x.size(2) / ft, h = x.size(3) / fs, wd = x.size(4) / fs;
+  const std::int64_t group = c * ft * fs * fs / w.shortcut_out;
+  return x.view({b, c, t, ft, h, fs, wd, fs})
+      .permute({0, 1, 3, 5, 7, 2, 4, 6})
+      .contiguous()
+      .view({b, w.shortcut_out, group, t, h, wd})
+      .mean(2);
+}
+
+}  // namespace
+
+at::Tensor wan_vae_encoder_chunk(const WanVaeEncoderWeights& w, const at::Tensor& x_in, WanVaeEncodeState& st) {
+  st.next = 0;
+  at::Tensor x = wan_cached_causal_conv3d(x_in, w.conv_in, {1, 1, 1}, st.take());
+  for (const auto& down : w.down_blocks) {
+    const at::Tensor in = down.shortcut ? x : at::Tensor();
+    for (const auto& r : down.resnets) x = res_block(r, x, st);
+    if (down.mode != WanVaeDownsample::kNone) x = downsample(down, x, st);
+    if (down.shortcut) x = x + avg_down(down, in);
+  }
+  x = res_block(w.mid_res0, x, st);
+  x = attn_block(w.mid_attn, x);
+  x = res_block(w.mid_res1, x, st);
+  x = wan_vae_rms_norm(x, w.norm_out);
+  at::silu_(x);
+  x = wan_cached_causal_conv3d(std::move(x), w.conv_out, {1, 1, 1}, st.take());
+  ++st.chunks;
+  return x;
+}
+
+at::Tensor wan_vae_patchify(const at::Tensor& x, std::int64_t p) {
+  if (p == 1) return x;
+  const std::int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3) / p, w = x.size(4) / p;
+  return x.view({b, c, t, h, p, w, p}).permute({0, 1, 6, 4, 2, 3, 5}).contiguous().view({b, c * p * p, t, h, w});
+}
+
 // ---------------------------------------------------------------------------------------------
 // Model
 
@@ -212,15 +277,32 @@ void WanVae::check_checkpoint(const std::string& weights, const WanVaeConfig& co
   with_context(str("loading vae '", weights, "'"), [&] { check_vae_tensors(WeightStore(open_wan_vae(weights)), config); });
 }
 
-WanVae WanVae::load(const std::string& dir, at::ScalarType compute) { return load(dir, folder_config(dir), compute); }
+WanVae WanVae::load(const std::string& dir, at::ScalarType compute, WanVaeParts parts) {
+  return load(dir, folder_config(dir), compute, parts);
+}
 
-WanVae WanVae::load(const std::string& weights, const WanVaeConfig& config, at::ScalarType compute) {
+namespace {
+
+// The encoder's stage (dim_mult entry) whose residual blocks diffusers follows with a
+// WanAttentionBlock (attn_scales), if any: diffusers 0.42.1's encode calls it with the chunk
+// cache it does not take (a TypeError), so no reference exists for it.
+std::optional<std::size_t> encoder_attention_stage(const WanVaeConfig& c) {
+  if (c.is_residual) return std::nullopt;  // WanResidualDownBlock has no attention
+  double scale = 1.0;
+  for (std::size_t i = 0; i < c.dim_mult.size(); ++i, scale /= 2.0)
+    if (std::find(c.attn_scales.begin(), c.attn_scales.end(), scale) != c.attn_scales.end()) return i;
+  return std::nullopt;
+}
+
+}  // namespace
+
+WanVae WanVae::load(const std::string& weights, const WanVaeConfig& config, at::ScalarType compute, WanVaeParts parts) {
   return with_context(str("loading vae '", weights, "'"), [&] {
-    WanVae m(config, WeightStore(open_wan_vae(weights)), compute);
+    WanVae m(config, WeightStore(open_wan_vae(weights)), compute, parts);
     const auto& c = m.config_;
     check_vae_tensors(m.store_, c);
     std::map<std::string, std::vector<std::int64_t>> shapes;
-    for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/false)) shapes[spec.name] = spec.shape;
+    for (const auto& spec : wan_vae_specs(c, DType::F32, /*include_encoder=*/true)) shapes[spec.name] = spec.shape;
     auto get = [&](const std::string& name) {
       return as_dtype(m.store_.get(name, shapes.at(name)), compute);
     };
@@ -234,36 +316,76 @@ WanVae WanVae::load(const std::string& weights, const WanVaeConfig& config, at::
       if (shapes.count(p + ".conv_shortcut.weight")) r.shortcut = conv(p + ".conv_shortcut");
       return r;
     };
-    auto& w = m.w_;
-    w.post_quant_conv = conv("post_quant_conv");
-    w.conv_in = conv("decoder.conv_in");
-    w.mid_res0 = res("decoder.mid_block.resnets.0");
-    w.mid_attn.norm = get("decoder.mid_block.attentions.0.norm.gamma");
-    w.mid_attn.to_qkv = conv("decoder.mid_block.attentions.0.to_qkv");
-    w.mid_attn.proj = conv("decoder.mid_block.attentions.0.proj");
-    w.mid_res1 = res("decoder.mid_block.resnets.1");
-    const auto up = c.temperal_upsample();
     const std::size_t n = c.dim_mult.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::string p = "decoder.up_blocks." + std::to_string(i);
-      WanVaeUpBlockWeights ub;
-      for (std::int64_t r = 0; r <= c.num_res_blocks; ++r) ub.resnets.push_back(res(p + ".resnets." + std::to_string(r)));
-      if (i + 1 != n) {
-        const std::string u = p + (c.is_residual ? ".upsampler" : ".upsamplers.0");
-        ub.mode = up[i] ? WanVaeUpsample::kTemporal : WanVaeUpsample::kSpatial;
-        ub.resample = conv(u + ".resample.1");
-        if (up[i]) ub.time_conv = conv(u + ".time_conv");
-        if (c.is_residual) {
-          const auto dims = c.decoder_dims();
-          ub.shortcut = true;
-          ub.shortcut_out = dims[i + 1];
-          ub.shortcut_repeats = dims[i + 1] * (up[i] ? 8 : 4) / dims[i];
+    if (m.has_decoder()) {
+      auto& w = m.w_;
+      w.post_quant_conv = conv("post_quant_conv");
+      w.conv_in = conv("decoder.conv_in");
+      w.mid_res0 = res("decoder.mid_block.resnets.0");
+      w.mid_attn.norm = get("decoder.mid_block.attentions.0.norm.gamma");
+      w.mid_attn.to_qkv = conv("decoder.mid_block.attentions.0.to_qkv");
+      w.mid_attn.proj = conv("decoder.mid_block.attentions.0.proj");
+      w.mid_res1 = res("decoder.mid_block.resnets.1");
+      const auto up = c.temperal_upsample();
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::string p = "decoder.up_blocks." + std::to_string(i);
+        WanVaeUpBlockWeights ub;
+        for (std::int64_t r = 0; r <= c.num_res_blocks; ++r) ub.resnets.push_back(res(p + ".resnets." + std::to_string(r)));
+        if (i + 1 != n) {
+          const std::string u = p + (c.is_residual ? ".upsampler" : ".upsamplers.0");
+          ub.mode = up[i] ? WanVaeUpsample::kTemporal : WanVaeUpsample::kSpatial;
+          ub.resample = conv(u + ".resample.1");
+          if (up[i]) ub.time_conv = conv(u + ".time_conv");
+          if (c.is_residual) {
+            const auto dims = c.decoder_dims();
+            ub.shortcut = true;
+            ub.shortcut_out = dims[i + 1];
+            ub.shortcut_repeats = dims[i + 1] * (up[i] ? 8 : 4) / dims[i];
+          }
         }
+        w.up_blocks.push_back(std::move(ub));
       }
-      w.up_blocks.push_back(std::move(ub));
+      w.norm_out = get("decoder.norm_out.gamma");
+      w.conv_out = conv("decoder.conv_out");
     }
-    w.norm_out = get("decoder.norm_out.gamma");
-    w.conv_out = conv("decoder.conv_out");
+    if (m.has_encoder()) {
+      const auto attn = encoder_attention_stage(c);
+      DLO_CHECK(!attn, "the encoder has attention blocks in its stage ", attn.value_or(0), " (field 'attn_scales'), ",
+                "which diffusers 0.42.1 cannot encode with (WanAttentionBlock takes no chunk cache); dlo does not ",
+                "encode with them either");
+      auto& e = m.enc_;
+      e.conv_in = conv("encoder.conv_in");
+      std::int64_t k = 0;  // Wan2.1: the index in diffusers' flat down_blocks
+      for (std::size_t i = 0; i < n; ++i) {
+        const bool down = i + 1 != n;
+        const std::string stage = "encoder.down_blocks." + std::to_string(i);
+        WanVaeDownBlockWeights db;
+        for (std::int64_t r = 0; r < c.num_res_blocks; ++r)
+          db.resnets.push_back(res(c.is_residual ? stage + ".resnets." + std::to_string(r)
+                                                 : "encoder.down_blocks." + std::to_string(k++)));
+        if (down) {
+          const std::string d = c.is_residual ? stage + ".downsampler" : "encoder.down_blocks." + std::to_string(k++);
+          db.mode = c.temperal_downsample[i] ? WanVaeDownsample::kTemporal : WanVaeDownsample::kSpatial;
+          db.resample = conv(d + ".resample.1");
+          if (c.temperal_downsample[i]) db.time_conv = conv(d + ".time_conv");
+        }
+        if (c.is_residual) {
+          db.shortcut = true;
+          db.shortcut_out = c.base_dim * c.dim_mult[i];
+          db.factor_t = down && c.temperal_downsample[i] ? 2 : 1;
+          db.factor_s = down ? 2 : 1;
+        }
+        e.down_blocks.push_back(std::move(db));
+      }
+      e.mid_res0 = res("encoder.mid_block.resnets.0");
+      e.mid_attn.norm = get("encoder.mid_block.attentions.0.norm.gamma");
+      e.mid_attn.to_qkv = conv("encoder.mid_block.attentions.0.to_qkv");
+      e.mid_attn.proj = conv("encoder.mid_block.attentions.0.proj");
+      e.mid_res1 = res("encoder.mid_block.resnets.1");
+      e.norm_out = get("encoder.norm_out.gamma");
+      e.conv_out = conv("encoder.conv_out");
+      e.quant_conv = conv("quant_conv");
+    }
     return m;
   });
 }
@@ -292,6 +414,7 @@ at::Tensor WanVae::denormalize(const at::Tensor& latents_in) const {
 
 void WanVae::decode_frames(const at::Tensor& z_in,
                            const std::function<void(std::int64_t, const at::Tensor&)>& sink) const {
+  DLO_CHECK(has_decoder(), "vae decode: the VAE was loaded without its decoder (WanVaeParts::kEncoder)");
   check_latents(z_in);
   const at::Tensor z = z_in.to(device_, compute_);
   const at::Tensor x = wan_causal_conv3d(z, w_.post_quant_conv, {0, 0, 0});
@@ -335,10 +458,25 @@ void WanVae::to_device(at::Device device) {
   }
   move(w_.norm_out);
   conv(w_.conv_out);
+  conv(enc_.conv_in);
+  for (auto& d : enc_.down_blocks) {
+    for (auto& r : d.resnets) res(r);
+    conv(d.resample);
+    conv(d.time_conv);
+  }
+  res(enc_.mid_res0);
+  res(enc_.mid_res1);
+  move(enc_.mid_attn.norm);
+  conv(enc_.mid_attn.to_qkv);
+  conv(enc_.mid_attn.proj);
+  move(enc_.norm_out);
+  conv(enc_.conv_out);
+  conv(enc_.quant_conv);
   device_ = device;
 }
 
 at::Tensor WanVae::decode(const at::Tensor& z) const {
+  DLO_CHECK(has_decoder(), "vae decode: the VAE was loaded without its decoder (WanVaeParts::kEncoder)");
   check_latents(z);
   const auto& c = config_;
   at::Tensor video = at::empty({z.size(0), c.video_channels(), c.output_frames(z.size(2)),
@@ -350,6 +488,55 @@ at::Tensor WanVae::decode(const at::Tensor& z) const {
     video.narrow(2, first, frames.size(2)).copy_(frames);
   });
   return video;
+}
+
+void WanVae::check_video(const at::Tensor& v) const {
+  const auto& c = config_;
+  const std::int64_t p = c.patch(), channels = c.in_channels / (p * p);
+  DLO_CHECK(v.defined() && v.dim() == 5 && v.size(1) == channels, "video must be [B, ", channels, ", F, H, W], got ",
+            v.defined() ? v.sizes() : at::IntArrayRef{});
+  DLO_CHECK(v.size(0) > 0 && v.size(2) > 0 && v.size(3) > 0 && v.size(4) > 0, "video is empty: ", v.sizes());
+  DLO_CHECK(at::isFloatingType(v.scalar_type()), "video must be floating point, got ", c10::toString(v.scalar_type()));
+  DLO_CHECK((v.size(2) - 1) % 4 == 0, "video has ", v.size(2), " frames; the encoder takes 1 + 4k (frame 0, then ",
+            "chunks of 4; diffusers would drop the last ", (v.size(2) - 1) % 4, ")");
+  // diffusers' chunks of 4 frames leave 4 / scale_factor_temporal latent frames each.
+  DLO_CHECK(c.scale_factor_temporal <= 4, "the encoder of a VAE with scale_factor_temporal ", c.scale_factor_temporal,
+            " > 4 cannot run in diffusers' chunks of 4 frames");
+  // Every stride-2 downsampler needs 2 rows and columns; the residual VAE's AvgDown3D needs them even.
+  const std::int64_t stages = static_cast<std::int64_t>(c.dim_mult.size()) - 1, least = p << stages;
+  for (std::int64_t d : {v.size(3), v.size(4)}) {
+    DLO_CHECK(d % p == 0, "video is ", v.size(3), "x", v.size(4), " pixels; patch_size ", p, " needs multiples of ", p);
+    DLO_CHECK(d >= least && (!c.is_residual || d % least == 0), "video is ", v.size(3), "x", v.size(4),
+              " pixels; the encoder's ", stages, " downsamplings need ", c.is_residual ? "multiples of " : "at least ",
+              least);
+  }
+}
+
+at::Tensor WanVae::encode(const at::Tensor& video) const {
+  DLO_CHECK(has_encoder(), "vae encode: the VAE was loaded without its encoder (load it with WanVaeParts::kEncoder ",
+            "or kEncoderAndDecoder)");
+  check_video(video);
+  // diffusers' _encode: patchify, frame 0 alone, then chunks of 4 frames, the caches carried;
+  // quant_conv over the joined chunks; the posterior's mode is the mean half of its channels.
+  const at::Tensor x = wan_vae_patchify(video.to(device_, compute_).contiguous(), config_.patch());
+  WanVaeEncodeState st;
+  std::vector<at::Tensor> out;
+  for (std::int64_t i = 0; i < 1 + (x.size(2) - 1) / 4; ++i)
+    out.push_back(wan_vae_encoder_chunk(enc_, i == 0 ? x.slice(2, 0, 1) : x.slice(2, 1 + 4 * (i - 1), 1 + 4 * i), st));
+  const at::Tensor enc = wan_causal_conv3d(out.size() == 1 ? out[0] : at::cat(out, 2), enc_.quant_conv, {0, 0, 0});
+  return enc.narrow(1, 0, config_.z_dim).contiguous();
+}
+
+at::Tensor WanVae::normalize(const at::Tensor& latents_in) const {
+  check_latents(latents_in);
+  const auto& c = config_;
+  const at::Tensor latents = latents_in.to(device_, at::kFloat);
+  // torch.tensor(list of Python floats) is float32; `1.0 / std` is std.reciprocal() * 1.0 (exact).
+  const std::vector<float> mean(c.latents_mean.begin(), c.latents_mean.end());
+  const std::vector<float> std_(c.latents_std.begin(), c.latents_std.end());
+  const at::Tensor m = at::tensor(mean).view({1, c.z_dim, 1, 1, 1}).to(device_);
+  const at::Tensor inv_std = at::reciprocal(at::tensor(std_).view({1, c.z_dim, 1, 1, 1}).to(device_));
+  return (latents - m) * inv_std;
 }
 
 }  // namespace dlo
