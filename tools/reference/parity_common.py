@@ -51,6 +51,34 @@ def make_model(args, tmp, *flags):
     return model
 
 
+def add_vae_model_args(ap):
+    """The VAE parity scripts' model flags (vae_model)."""
+    ap.add_argument("--vae-preset", default="wan-vae-test")
+    ap.add_argument("--diffusers-init", metavar="JSON",
+                    help="instead of dlo-checkpoint make: AutoencoderKLWan(**JSON) with diffusers' own random init, "
+                         "written by save_pretrained (tests configs the make flags cannot express)")
+
+
+def vae_model(args, tmp):
+    """args.model; or a folder whose vae/ diffusers' save_pretrained wrote from AutoencoderKLWan(**--diffusers-init)
+    (seeded, cast to --weights-dtype); or `dlo-checkpoint make --components vae --vae-preset P`."""
+    if args.model is None and args.diffusers_init:
+        import json
+
+        import torch
+        from diffusers import AutoencoderKLWan
+
+        model = os.path.join(tmp, "model")
+        torch.manual_seed(args.seed)
+        ref_init = AutoencoderKLWan(**json.loads(args.diffusers_init))
+        if args.weights_dtype != "fp32":
+            ref_init = ref_init.to(DTYPES[args.weights_dtype])
+        ref_init.save_pretrained(os.path.join(model, "vae"))
+        return model
+    return make_model(args, tmp, "--components", "vae", "--vae-preset", args.vae_preset, "--vae-dtype",
+                      args.weights_dtype)
+
+
 def run_dlo_forward(args, model, component, inputs, out):
     """Runs dlo-forward once; returns (its output tensors, wall seconds including process start)."""
     t0 = time.perf_counter()

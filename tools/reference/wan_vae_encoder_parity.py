@@ -18,7 +18,6 @@ and compares both outputs (latents, latents_normalized). Exit 0 when both are wi
   wan_vae_encoder_parity.py --bin build/bin --vae-preset wan-vae-test --frames 1,5,9 --height 16 --width 24 --tol 0
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -27,16 +26,13 @@ import time
 import torch
 from safetensors.torch import save_file
 
-from parity_common import DTYPES, add_common_args, make_model, max_abs, rel_err, run_dlo_forward
+from parity_common import DTYPES, add_common_args, add_vae_model_args, max_abs, rel_err, run_dlo_forward, vae_model
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     add_common_args(ap, "--vae-base-dim 32")
-    ap.add_argument("--vae-preset", default="wan-vae-test")
-    ap.add_argument("--diffusers-init", metavar="JSON",
-                    help="instead of dlo-checkpoint make: AutoencoderKLWan(**JSON) with diffusers' own random init, "
-                         "written by save_pretrained")
+    add_vae_model_args(ap)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--frames", default="1,5,9", help="video frame counts (1 + 4k), comma-separated: one run each")
     ap.add_argument("--height", type=int, default=16, help="video height in pixels")
@@ -52,17 +48,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         from diffusers import AutoencoderKLWan
         from diffusers.pipelines.wan.pipeline_wan_i2v import retrieve_latents
-        model = args.model
-        if model is None and args.diffusers_init:
-            model = os.path.join(tmp, "model")
-            torch.manual_seed(args.seed)
-            ref_init = AutoencoderKLWan(**json.loads(args.diffusers_init))
-            if args.weights_dtype != "fp32":
-                ref_init = ref_init.to(DTYPES[args.weights_dtype])
-            ref_init.save_pretrained(os.path.join(model, "vae"))
-        elif model is None:
-            model = make_model(args, tmp, "--components", "vae", "--vae-preset", args.vae_preset, "--vae-dtype",
-                               args.weights_dtype)
+        model = vae_model(args, tmp)
         vae = AutoencoderKLWan.from_pretrained(os.path.join(model, "vae"), torch_dtype=dtype).eval()
         cfg = vae.config
         g = torch.Generator("cpu").manual_seed(args.seed + 1)

@@ -17,7 +17,6 @@ diffusers' model for that config. Exit 0 when ||ours - ref|| / ||ref|| <= --tol,
   wan_vae_parity.py --bin build/bin --vae-preset wan2.1-vae --make-args='--vae-base-dim 32' --frames 3 --tol 1e-5
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from parity_common import DTYPES, add_common_args, make_model, max_abs, rel_err, run_dlo_forward
+from parity_common import DTYPES, add_common_args, add_vae_model_args, max_abs, rel_err, run_dlo_forward, vae_model
 
 
 def checkpoint_shapes(vae_dir):
@@ -43,10 +42,7 @@ def checkpoint_shapes(vae_dir):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     add_common_args(ap, "--vae-base-dim 32")
-    ap.add_argument("--vae-preset", default="wan-vae-test")
-    ap.add_argument("--diffusers-init", metavar="JSON",
-                    help="instead of dlo-checkpoint make: AutoencoderKLWan(**JSON) with diffusers' own random init, "
-                         "written by save_pretrained (tests configs the make flags cannot express)")
+    add_vae_model_args(ap)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--frames", type=int, default=2, help="latent frames")
     ap.add_argument("--height", type=int, default=4, help="latent height")
@@ -56,18 +52,8 @@ def main(argv=None):
     dtype = DTYPES[args.dtype]
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model
         from diffusers import AutoencoderKLWan
-        if model is None and args.diffusers_init:
-            model = os.path.join(tmp, "model")
-            torch.manual_seed(args.seed)
-            ref_init = AutoencoderKLWan(**json.loads(args.diffusers_init))
-            if args.weights_dtype != "fp32":
-                ref_init = ref_init.to(DTYPES[args.weights_dtype])
-            ref_init.save_pretrained(os.path.join(model, "vae"))
-        elif model is None:
-            model = make_model(args, tmp, "--components", "vae", "--vae-preset", args.vae_preset, "--vae-dtype",
-                               args.weights_dtype)
+        model = vae_model(args, tmp)
         vae_dir = os.path.join(model, "vae")
         vae = AutoencoderKLWan.from_pretrained(vae_dir, torch_dtype=dtype).eval()
         cfg = vae.config
